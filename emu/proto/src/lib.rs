@@ -1,0 +1,10 @@
+//! `emu-proto`: the sans-IO software HCA of softverbs.
+//!
+//! This crate is deterministic: it has no sockets, threads, system clock or unseeded RNG.
+//! Packets, verbs calls and `now` go in; packets, completions and timer deadlines come out.
+//! Most users want a driver around it: `emu-sim` (in-process, virtual time) or the UDP driver.
+//!
+//! It is not a verbs provider by itself: drivers wrap it to implement `verbs_api`.
+#![forbid(unsafe_code)]
+
+pub mod wire;

@@ -1,0 +1,1 @@
+//! RoCEv2 wire codec (placeholder: filled by the wire-codec work).

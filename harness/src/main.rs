@@ -1,0 +1,2 @@
+//! softverbs binary
+fn main() {}

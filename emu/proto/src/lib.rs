@@ -7,4 +7,7 @@
 //! It is not a verbs provider by itself: drivers wrap it to implement `verbs_api`.
 #![forbid(unsafe_code)]
 
+pub mod time;
 pub mod wire;
+
+pub use time::Instant;

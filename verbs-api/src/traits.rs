@@ -1,0 +1,315 @@
+//! The verbs object model as traits: what every backend (emulator, real hardware) implements.
+//!
+//! Generic code takes `C: Context` and uses its associated handle types, which gives static
+//! dispatch on the data path. [`crate::dynamic`] erases the types for run-time backend
+//! selection.
+//!
+//! Ownership follows rdma-core: a QP keeps its PD, CQs and SRQ alive; an MR keeps its PD alive.
+//! Handles are cheap to clone and are `Send + Sync`; every call may come from any thread.
+//! `destroy` is explicit and fails with [`ErrorKind::Busy`](crate::ErrorKind::Busy) while
+//! another live object still uses the object; after a successful destroy every call on any clone
+//! of the handle fails with [`ErrorKind::Destroyed`](crate::ErrorKind::Destroyed). Dropping the
+//! last clone of a handle that was not destroyed releases it too.
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
+use std::time::Duration;
+
+use crate::attr::{DeviceAttr, PortAttr, QpAttr, QpInitAttr, SrqAttr};
+use crate::error::{Error, PostError, Result};
+use crate::event::AsyncEvent;
+use crate::types::{AccessFlags, Endpoint, Gid, QpAttrMask, QpState, QpType};
+use crate::wc::WorkCompletion;
+use crate::wr::{RecvWr, SendWr, Sge};
+
+/// A source of devices: the emulator, a UDP-backed emulator, libibverbs.
+pub trait Provider: Send + Sync {
+    /// The device handle type.
+    type Device: Device;
+
+    /// The provider's short name (`"emu"`, `"udp"`, `"hw"`), as used by
+    /// [`crate::dynamic::PROVIDER_ENV`].
+    fn name(&self) -> &'static str;
+
+    /// The devices this provider offers (`ibv_get_device_list`). May be empty.
+    fn devices(&self) -> Result<Vec<Self::Device>>;
+}
+
+/// A device that can be opened (`ibv_device`).
+pub trait Device: Clone + Send + Sync + 'static {
+    /// The context type `open` returns.
+    type Context: Context;
+
+    /// The device name, e.g. `"softverbs0"` or `"rxe0"`.
+    fn name(&self) -> String;
+
+    /// The node GUID.
+    fn node_guid(&self) -> u64;
+
+    /// Opens the device (`ibv_open_device`). Several contexts may be open at once.
+    fn open(&self) -> Result<Self::Context>;
+}
+
+/// An open device (`ibv_context`): the factory of every other object.
+///
+/// Every `create_*`/`alloc_*` call validates its arguments against [`DeviceAttr`] limits and
+/// fails with `InvalidArgument` (bad sizes, handles of another context or destroyed handles)
+/// or `NoMemory` (object count limits) without creating anything.
+pub trait Context: Clone + Send + Sync + 'static {
+    /// Protection domain handle.
+    type Pd: ProtectionDomain;
+    /// Memory region handle.
+    type Mr: MemoryRegion;
+    /// Completion queue handle.
+    type Cq: CompletionQueue;
+    /// Completion channel handle.
+    type Channel: CompletionChannel;
+    /// Shared receive queue handle.
+    type Srq: SharedReceiveQueue;
+    /// Queue pair handle.
+    type Qp: QueuePair;
+
+    /// The device's name.
+    fn device_name(&self) -> String;
+
+    /// Device limits (`ibv_query_device`).
+    fn query_device(&self) -> Result<DeviceAttr>;
+
+    /// Port attributes; ports are numbered from 1 (`ibv_query_port`). A port number of 0 or above
+    /// `phys_port_cnt` fails with `InvalidArgument`.
+    fn query_port(&self, port_num: u8) -> Result<PortAttr>;
+
+    /// The GID at `index` of the port's GID table (`ibv_query_gid`); an index at or above
+    /// `gid_tbl_len` fails with `InvalidArgument`.
+    fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid>;
+
+    /// The P_Key at `index` (`ibv_query_pkey`); RoCE ports hold 0xFFFF at index 0.
+    fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16>;
+
+    /// Allocates a protection domain (`ibv_alloc_pd`).
+    fn alloc_pd(&self) -> Result<Self::Pd>;
+
+    /// Registers `len` bytes of zeroed memory owned by the MR (`ibv_reg_mr` over a buffer the
+    /// backend allocates). Access it with [`MemoryRegion::read`]/[`MemoryRegion::write`].
+    ///
+    /// Errors: `len` 0 or above `max_mr_size`, REMOTE_WRITE or REMOTE_ATOMIC without
+    /// LOCAL_WRITE (rc-transport.md §7.2), unknown access bits → `InvalidArgument`; too many MRs
+    /// → `NoMemory`.
+    fn alloc_mr(&self, pd: &Self::Pd, len: usize, access: AccessFlags) -> Result<Self::Mr>;
+
+    /// Registers a shared mapping of the file at `path`, created if absent and grown to `len`
+    /// bytes, so that another process can map the same file and inspect what peers wrote.
+    /// Same errors as [`Context::alloc_mr`], plus `Io` when the file cannot be mapped.
+    fn reg_mr_file(
+        &self,
+        pd: &Self::Pd,
+        path: &Path,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Self::Mr>;
+
+    /// Registers caller memory `addr..addr + len` (`ibv_reg_mr`).
+    ///
+    /// # Safety
+    ///
+    /// The caller guarantees that the range is valid for reads and writes for as long as the MR
+    /// is registered (until `destroy` succeeds or the last handle is dropped), that it is not
+    /// deallocated or remapped meanwhile, and that concurrent accesses by the caller to bytes a
+    /// peer may write are acceptable (as on hardware, overlapping accesses give unspecified
+    /// bytes but never touch memory outside the range).
+    #[allow(unsafe_code)] // declares the contract only; implementations hold the unsafe code
+    unsafe fn reg_mr_raw(
+        &self,
+        pd: &Self::Pd,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Self::Mr>;
+
+    /// Creates a completion channel (`ibv_create_comp_channel`).
+    fn create_comp_channel(&self) -> Result<Self::Channel>;
+
+    /// Creates a CQ with room for at least `cqe` entries (`ibv_create_cq`); `cqe` 0 or above
+    /// `max_cqe` fails with `InvalidArgument`. With a channel, armed notifications are
+    /// delivered there.
+    fn create_cq(&self, cqe: u32, channel: Option<&Self::Channel>) -> Result<Self::Cq>;
+
+    /// Creates a shared receive queue in `pd` (`ibv_create_srq`).
+    fn create_srq(&self, pd: &Self::Pd, attr: &SrqAttr) -> Result<Self::Srq>;
+
+    /// Creates a QP in RESET (`ibv_create_qp`). Errors: capacities above the device limits →
+    /// `InvalidArgument`; a QP type the backend lacks → `NotSupported`; too many QPs →
+    /// `NoMemory`.
+    fn create_qp(
+        &self,
+        pd: &Self::Pd,
+        send_cq: &Self::Cq,
+        recv_cq: &Self::Cq,
+        srq: Option<&Self::Srq>,
+        attr: &QpInitAttr,
+    ) -> Result<Self::Qp>;
+
+    /// The next asynchronous event, if any, without blocking (`ibv_get_async_event` on a
+    /// non-blocking fd). Events need no acknowledgement.
+    fn poll_async_event(&self) -> Option<AsyncEvent>;
+}
+
+/// A protection domain (`ibv_pd`).
+pub trait ProtectionDomain: Clone + Send + Sync + 'static {
+    /// A number identifying the PD within its context.
+    fn handle(&self) -> u32;
+
+    /// Deallocates the PD (`ibv_dealloc_pd`); `Busy` while MRs, QPs or SRQs use it.
+    fn destroy(&self) -> Result<()>;
+}
+
+/// A registered memory region (`ibv_mr`).
+pub trait MemoryRegion: Clone + Send + Sync + 'static {
+    /// Local key, for SGEs.
+    fn lkey(&self) -> u32;
+    /// Remote key, for peers' RDMA and atomic requests.
+    fn rkey(&self) -> u32;
+    /// The region's start address as seen in SGEs and by peers (its virtual address).
+    fn addr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// True if the region has length 0 (never, for a registered MR).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Access rights.
+    fn access(&self) -> AccessFlags;
+
+    /// Copies `buf.len()` bytes at `offset` into `buf`; `InvalidArgument` if the range leaves
+    /// the region.
+    fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()>;
+
+    /// Copies `data` into the region at `offset`; `InvalidArgument` if the range leaves the
+    /// region.
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()>;
+
+    /// An SGE for `len` bytes at `offset`; `InvalidArgument` if the range leaves the region or
+    /// `len` exceeds `u32`.
+    fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
+        let end = offset.checked_add(len);
+        let length = u32::try_from(len).ok();
+        match (end, length) {
+            (Some(end), Some(length)) if end <= self.len() => Ok(Sge {
+                addr: self.addr() + offset as u64,
+                length,
+                lkey: self.lkey(),
+            }),
+            _ => Err(Error::invalid(format!(
+                "sge {offset}+{len} outside MR of {} bytes",
+                self.len()
+            ))),
+        }
+    }
+
+    /// Deregisters the region (`ibv_dereg_mr`).
+    fn destroy(&self) -> Result<()>;
+}
+
+/// A completion queue (`ibv_cq`).
+pub trait CompletionQueue: Clone + Send + Sync + 'static {
+    /// A number identifying the CQ within its context (reported by completion events).
+    fn handle(&self) -> u32;
+
+    /// The number of entries the CQ holds.
+    fn capacity(&self) -> u32;
+
+    /// Moves up to `out.len()` completions into `out`, oldest first, and returns how many
+    /// (`ibv_poll_cq`). Fails with `InvalidState` after the CQ overran.
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+
+    /// Arms the CQ for one notification on its channel (`ibv_req_notify_cq`): for the next
+    /// completion, or with `solicited_only` for the next receive completion of a packet with
+    /// the SE bit or the next error completion (rc-transport.md §6.3). `InvalidState` without a
+    /// channel.
+    fn req_notify(&self, solicited_only: bool) -> Result<()>;
+
+    /// Acknowledges `n` events received from the channel for this CQ (`ibv_ack_cq_events`).
+    fn ack_events(&self, n: u32);
+
+    /// Resizes the CQ (`ibv_resize_cq`): `InvalidArgument` for 0, above `max_cqe`, or below
+    /// the number of completions it holds.
+    fn resize(&self, cqe: u32) -> Result<()>;
+
+    /// Destroys the CQ (`ibv_destroy_cq`): `Busy` while a QP uses it or events are
+    /// unacknowledged.
+    fn destroy(&self) -> Result<()>;
+}
+
+/// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable when an
+/// armed CQ gets a completion, usable from epoll, mio or tokio.
+pub trait CompletionChannel: Clone + Send + Sync + AsFd + AsRawFd + 'static {
+    /// The CQ handle of the next pending event, without blocking (`ibv_get_cq_event` on a
+    /// non-blocking channel); `None` if there is none.
+    fn get_cq_event(&self) -> Result<Option<u32>>;
+
+    /// As [`get_cq_event`](Self::get_cq_event), waiting up to `timeout` (forever with `None`).
+    fn wait_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>>;
+
+    /// Destroys the channel; `Busy` while a CQ uses it.
+    fn destroy(&self) -> Result<()>;
+}
+
+/// A shared receive queue (`ibv_srq`).
+pub trait SharedReceiveQueue: Clone + Send + Sync + 'static {
+    /// A number identifying the SRQ within its context.
+    fn handle(&self) -> u32;
+
+    /// Posts receive work requests (`ibv_post_srq_recv`); `NoMemory` when full.
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
+
+    /// Current attributes (`ibv_query_srq`).
+    fn query(&self) -> Result<SrqAttr>;
+
+    /// Arms the limit event with `srq_limit` (`ibv_modify_srq` with `IBV_SRQ_LIMIT`).
+    fn arm_limit(&self, srq_limit: u32) -> Result<()>;
+
+    /// Destroys the SRQ; `Busy` while a QP uses it.
+    fn destroy(&self) -> Result<()>;
+}
+
+/// A queue pair (`ibv_qp`).
+pub trait QueuePair: Clone + Send + Sync + 'static {
+    /// The QP number (24-bit).
+    fn qp_num(&self) -> u32;
+
+    /// The transport type.
+    fn qp_type(&self) -> QpType;
+
+    /// Modifies attributes and state (`ibv_modify_qp`). The mask must match the transition's
+    /// required and optional bits exactly (rc-transport.md §5.1): a missing or extra bit, an
+    /// illegal transition or an out-of-range value fails with `InvalidArgument`/`InvalidState`
+    /// and changes nothing; an unknown bit fails with `NotSupported`.
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
+
+    /// Current attributes (`ibv_query_qp`).
+    fn query(&self) -> Result<QpAttr>;
+
+    /// Current state.
+    fn state(&self) -> Result<QpState> {
+        Ok(self.query()?.qp_state)
+    }
+
+    /// Posts send work requests (`ibv_post_send`): allowed in RTS and SQD (queued), and in ERR
+    /// (each completes with `WR_FLUSH_ERR`); `InvalidState` elsewhere; `NoMemory` when the send
+    /// queue is full; `InvalidArgument` for too many SGEs, inline data above the limit, an
+    /// atomic without one 8-byte SGE or with a misaligned remote address
+    /// (rc-transport.md §5.2).
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError>;
+
+    /// Posts receive work requests (`ibv_post_recv`): allowed from INIT on (in ERR they flush);
+    /// `InvalidState` in RESET or when the QP uses an SRQ; `NoMemory` when full.
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
+
+    /// What a peer needs to connect to this QP if it starts sending at `psn`: our QPN, GID
+    /// (port 1, index 0) and UDP port.
+    fn endpoint(&self, psn: u32) -> Result<Endpoint>;
+
+    /// Destroys the QP (`ibv_destroy_qp`); its outstanding work is discarded without
+    /// completions.
+    fn destroy(&self) -> Result<()>;
+}

@@ -64,7 +64,9 @@ impl fmt::Debug for Gid {
 }
 
 /// IB path MTU (`ibv_mtu`): the payload bytes per packet.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[repr(u8)]
 pub enum Mtu {
     /// 256 bytes (`IBV_MTU_256` = 1).
@@ -352,21 +354,23 @@ impl core::str::FromStr for Endpoint {
                 "qpn" => qpn.replace(parse_u24(value, "qpn")?).is_some(),
                 "psn" => psn.replace(parse_u24(value, "psn")?).is_some(),
                 "gid" => {
-                    let ip: Ipv6Addr = value
-                        .parse()
-                        .map_err(|_| Error::invalid(format!("endpoint gid {value:?} is not an address")))?;
+                    let ip: Ipv6Addr = value.parse().map_err(|_| {
+                        Error::invalid(format!("endpoint gid {value:?} is not an address"))
+                    })?;
                     gid.replace(Gid(ip.octets())).is_some()
                 }
                 "port" => {
-                    let p: u16 = value
-                        .parse()
-                        .map_err(|_| Error::invalid(format!("endpoint port {value:?} is not a u16")))?;
+                    let p: u16 = value.parse().map_err(|_| {
+                        Error::invalid(format!("endpoint port {value:?} is not a u16"))
+                    })?;
                     port.replace(p).is_some()
                 }
                 other => return Err(Error::invalid(format!("unknown endpoint field {other:?}"))),
             };
             if slot_taken {
-                return Err(Error::invalid(format!("endpoint field {key:?} given twice")));
+                return Err(Error::invalid(format!(
+                    "endpoint field {key:?} given twice"
+                )));
             }
         }
         match (qpn, psn, gid, port) {
@@ -388,7 +392,9 @@ fn parse_u24(value: &str, what: &str) -> Result<u32> {
     };
     match parsed {
         Ok(v) if v <= MAX_24BIT => Ok(v),
-        _ => Err(Error::invalid(format!("endpoint {what} {value:?} is not a 24-bit number"))),
+        _ => Err(Error::invalid(format!(
+            "endpoint {what} {value:?} is not a 24-bit number"
+        ))),
     }
 }
 
@@ -424,9 +430,17 @@ mod tests {
         };
         let text = ep.to_string();
         assert_eq!(text.parse::<Endpoint>().unwrap(), ep);
-        assert!("qpn=0x1000000 psn=0 gid=::1 port=1".parse::<Endpoint>().is_err());
+        assert!(
+            "qpn=0x1000000 psn=0 gid=::1 port=1"
+                .parse::<Endpoint>()
+                .is_err()
+        );
         assert!("qpn=1 psn=0 gid=::1".parse::<Endpoint>().is_err());
-        assert!("qpn=1 qpn=2 psn=0 gid=::1 port=1".parse::<Endpoint>().is_err());
+        assert!(
+            "qpn=1 qpn=2 psn=0 gid=::1 port=1"
+                .parse::<Endpoint>()
+                .is_err()
+        );
         assert!("garbage".parse::<Endpoint>().is_err());
         let json = serde_json::to_string(&ep).unwrap();
         assert_eq!(serde_json::from_str::<Endpoint>(&json).unwrap(), ep);

@@ -1,0 +1,906 @@
+//! The software HCA: object tables, ownership checks, the QP state machine's effects, and the
+//! queues of completions, events and channel notifications that drivers drain.
+//!
+//! `Hca` is the single object a driver talks to. Its methods fall in four groups:
+//! (A) getters (`device_attr`, `query_qp`, …); (C) verbs commands (`create_*`, `modify_qp`,
+//! `post_send`, …), all deterministic; (B) inputs from the network and timers (added with the
+//! RC engine); (D) outputs, drained after every (B)/(C) call: `poll_event`,
+//! `poll_notification` (and transmits and the next timer deadline with the RC engine).
+//!
+//! The HCA keeps metadata only. The bytes of memory regions belong to the driver, which maps
+//! an MR's key to its memory; the HCA never dereferences an address.
+
+use std::collections::VecDeque;
+
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use verbs_api::{
+    AccessFlags, AsyncEvent, AsyncEventKind, DeviceAttr, Error, ErrorKind, EventElement, Gid,
+    LinkLayer, PortAttr, PortState, PostError, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType,
+    RecvWr, Result, SendWr, SrqAttr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use crate::config::HcaConfig;
+use crate::cq::{Cq, Pushed};
+use crate::qp::{self, Qp, RecvWqe, SendWqe};
+use crate::table::Table;
+use crate::time::Instant;
+
+/// A protection domain's number.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PdId(pub u32);
+/// A completion queue's number.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CqId(pub u32);
+/// A shared receive queue's number.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SrqId(pub u32);
+/// A completion channel's number.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChannelId(pub u32);
+
+/// An armed CQ got a completion: the driver makes the channel's fd readable and reports `cq`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Notification {
+    /// The channel to signal.
+    pub channel: ChannelId,
+    /// The CQ the event is for.
+    pub cq: CqId,
+}
+
+/// The first QP number handed out (QPN 0 and 1 are the special QPs; rxe starts at 0x11).
+pub const FIRST_QPN: u32 = 0x11;
+
+/// Registered memory: what the HCA knows about an MR.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MrInfo {
+    /// Owning PD.
+    pub pd: PdId,
+    /// lkey (equal to rkey, as in rxe).
+    pub lkey: u32,
+    /// rkey.
+    pub rkey: u32,
+    /// Start virtual address.
+    pub iova: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// Access rights.
+    pub access: AccessFlags,
+}
+
+#[derive(Debug, Default)]
+struct PdEntry {
+    /// MRs, QPs and SRQs in this PD.
+    refs: u32,
+}
+
+#[derive(Debug)]
+struct SrqEntry {
+    pd: PdId,
+    attr: SrqAttr,
+    queue: VecDeque<RecvWqe>,
+    qp_refs: u32,
+}
+
+#[derive(Debug, Default)]
+struct ChannelEntry {
+    cq_refs: u32,
+}
+
+/// The software HCA. See the module documentation for the method groups.
+///
+/// Every command validates fully before it changes anything: a failed call leaves the HCA as it
+/// was.
+#[derive(Debug)]
+pub struct Hca {
+    config: HcaConfig,
+    rng: ChaCha8Rng,
+    pds: Table<PdEntry>,
+    /// MRs by key index (key >> 8); index 0 is never used, so key 0 is never valid.
+    mrs: Table<MrInfo>,
+    /// Last random key byte used per MR index, so a new key always differs from the last.
+    last_key_byte: Vec<u8>,
+    cqs: Table<Cq>,
+    channels: Table<ChannelEntry>,
+    srqs: Table<SrqEntry>,
+    /// QPs by `qpn - FIRST_QPN`.
+    qps: Table<Qp>,
+    events: VecDeque<AsyncEvent>,
+    notifications: VecDeque<Notification>,
+}
+
+impl Hca {
+    /// A fresh HCA with no objects.
+    pub fn new(config: HcaConfig) -> Hca {
+        let rng = ChaCha8Rng::seed_from_u64(config.seed);
+        let mut mrs = Table::default();
+        // Reserve index 0 so that no key is ever 0x000000xx.
+        let _reserved = mrs.insert(MrInfo {
+            pd: PdId(u32::MAX),
+            lkey: 0,
+            rkey: 0,
+            iova: 0,
+            length: 0,
+            access: AccessFlags::empty(),
+        });
+        Hca {
+            config,
+            rng,
+            pds: Table::default(),
+            mrs,
+            last_key_byte: vec![0],
+            cqs: Table::default(),
+            channels: Table::default(),
+            srqs: Table::default(),
+            qps: Table::default(),
+            events: VecDeque::new(),
+            notifications: VecDeque::new(),
+        }
+    }
+
+    // ---- (A) getters -----------------------------------------------------------------------
+
+    /// The configuration the HCA was built with.
+    pub fn config(&self) -> &HcaConfig {
+        &self.config
+    }
+
+    /// `ibv_query_device`.
+    pub fn device_attr(&self) -> DeviceAttr {
+        self.config.device_attr()
+    }
+
+    /// `ibv_query_port`: only port 1 exists; others give `InvalidArgument`.
+    pub fn port_attr(&self, port_num: u8) -> Result<PortAttr> {
+        check_port(port_num)?;
+        Ok(PortAttr {
+            state: PortState::Active,
+            max_mtu: self.config.max_mtu,
+            active_mtu: self.config.active_mtu,
+            gid_tbl_len: 1,
+            port_cap_flags: 0,
+            max_msg_sz: self.config.limits.max_msg_sz,
+            pkey_tbl_len: 1,
+            lid: 0,
+            link_layer: LinkLayer::Ethernet,
+        })
+    }
+
+    /// `ibv_query_gid`: index 0 of port 1 holds the device's GID.
+    pub fn gid(&self, port_num: u8, index: u32) -> Result<Gid> {
+        check_port(port_num)?;
+        if index != 0 {
+            return Err(Error::invalid(format!(
+                "GID index {index} out of range (table length 1)"
+            )));
+        }
+        Ok(self.config.gid)
+    }
+
+    /// `ibv_query_pkey`: index 0 holds the default P_Key 0xFFFF.
+    pub fn pkey(&self, port_num: u8, index: u16) -> Result<u16> {
+        check_port(port_num)?;
+        if index != 0 {
+            return Err(Error::invalid(format!(
+                "P_Key index {index} out of range (table length 1)"
+            )));
+        }
+        Ok(0xFFFF)
+    }
+
+    /// The MR whose lkey (or rkey) is `key`, if registered.
+    pub fn mr(&self, key: u32) -> Option<&MrInfo> {
+        let info = self.mrs.get(key >> 8)?;
+        (info.lkey == key && info.length != 0).then_some(info)
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query_qp(&self, qpn: u32) -> Result<QpAttr> {
+        Ok(self.qp(qpn)?.query())
+    }
+
+    /// The capacity of a CQ.
+    pub fn cq_capacity(&self, cq: CqId) -> Result<u32> {
+        Ok(self.cq(cq)?.capacity)
+    }
+
+    /// Number of entries an existing CQ holds now.
+    pub fn cq_len(&self, cq: CqId) -> Result<usize> {
+        Ok(self.cq(cq)?.len())
+    }
+
+    // ---- (C) commands: PD and MR -----------------------------------------------------------
+
+    /// `ibv_alloc_pd`; `NoMemory` beyond `max_pd`.
+    pub fn alloc_pd(&mut self) -> Result<PdId> {
+        if self.pds.len() >= self.config.limits.max_pd as usize {
+            return Err(Error::no_memory("max_pd protection domains allocated"));
+        }
+        self.pds
+            .insert(PdEntry::default())
+            .map(PdId)
+            .ok_or_else(|| Error::no_memory("PD table exhausted"))
+    }
+
+    /// `ibv_dealloc_pd`; `Busy` while MRs, QPs or SRQs use it.
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<()> {
+        let entry = self
+            .pds
+            .get(pd.0)
+            .ok_or_else(|| Error::invalid("no such PD"))?;
+        if entry.refs > 0 {
+            return Err(Error::busy(format!(
+                "PD still used by {} objects",
+                entry.refs
+            )));
+        }
+        self.pds.remove(pd.0);
+        Ok(())
+    }
+
+    /// Registers an MR's metadata and returns it with fresh keys (rxe's layout: index << 8 |
+    /// random byte, rc-transport.md §7.3).
+    ///
+    /// Errors (`InvalidArgument`): unknown PD, zero length, length above `max_mr_size`, a range
+    /// that wraps the address space, REMOTE_WRITE/REMOTE_ATOMIC without LOCAL_WRITE (§7.2),
+    /// unknown access bits. `NotSupported`: ZERO_BASED, ON_DEMAND. `NoMemory`: `max_mr` reached.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        length: u64,
+        access: AccessFlags,
+    ) -> Result<MrInfo> {
+        self.pds
+            .get(pd.0)
+            .ok_or_else(|| Error::invalid("no such PD"))?;
+        check_mr_access(access)?;
+        if length == 0 {
+            return Err(Error::invalid("MR length is zero"));
+        }
+        if length > self.config.limits.max_mr_size {
+            return Err(Error::invalid("MR length above max_mr_size"));
+        }
+        if iova.checked_add(length).is_none() {
+            return Err(Error::invalid("MR range wraps the address space"));
+        }
+        // Index 0 is reserved, hence the "- 1".
+        if self.mrs.len() > self.config.limits.max_mr as usize {
+            return Err(Error::no_memory("max_mr memory regions registered"));
+        }
+        let mut info = MrInfo {
+            pd,
+            lkey: 0,
+            rkey: 0,
+            iova,
+            length,
+            access,
+        };
+        let index = self
+            .mrs
+            .insert(info)
+            .filter(|i| *i < (1 << 24))
+            .ok_or_else(|| Error::no_memory("MR key space exhausted"))?;
+        let slot = index as usize;
+        if self.last_key_byte.len() <= slot {
+            self.last_key_byte.resize(slot + 1, 0);
+        }
+        let last = self.last_key_byte[slot];
+        let mut byte = (self.rng.next_u32() & 0xFF) as u8;
+        if byte == last {
+            byte = byte.wrapping_add(1);
+        }
+        self.last_key_byte[slot] = byte;
+        info.lkey = (index << 8) | u32::from(byte);
+        info.rkey = info.lkey;
+        if let Some(stored) = self.mrs.get_mut(index) {
+            *stored = info;
+        }
+        if let Some(entry) = self.pds.get_mut(pd.0) {
+            entry.refs += 1;
+        }
+        Ok(info)
+    }
+
+    /// `ibv_dereg_mr` by lkey; `InvalidArgument` for an unknown key.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<MrInfo> {
+        let info = *self.mr(lkey).ok_or_else(|| Error::invalid("no such MR"))?;
+        self.mrs.remove(lkey >> 8);
+        if let Some(entry) = self.pds.get_mut(info.pd.0) {
+            entry.refs = entry.refs.saturating_sub(1);
+        }
+        Ok(info)
+    }
+
+    // ---- (C) commands: channels and CQs ----------------------------------------------------
+
+    /// Creates a completion channel's HCA side; the driver owns its file descriptor.
+    pub fn create_comp_channel(&mut self) -> Result<ChannelId> {
+        if self.channels.len() >= self.config.limits.max_comp_channels as usize {
+            return Err(Error::no_memory("too many completion channels"));
+        }
+        self.channels
+            .insert(ChannelEntry::default())
+            .map(ChannelId)
+            .ok_or_else(|| Error::no_memory("channel table exhausted"))
+    }
+
+    /// Destroys a channel; `Busy` while a CQ uses it.
+    pub fn destroy_comp_channel(&mut self, ch: ChannelId) -> Result<()> {
+        let entry = self
+            .channels
+            .get(ch.0)
+            .ok_or_else(|| Error::invalid("no such completion channel"))?;
+        if entry.cq_refs > 0 {
+            return Err(Error::busy("completion channel still used by a CQ"));
+        }
+        self.channels.remove(ch.0);
+        Ok(())
+    }
+
+    /// `ibv_create_cq`: `cqe` must be in 1..=`max_cqe` (`InvalidArgument`); `NoMemory` beyond
+    /// `max_cq`.
+    pub fn create_cq(&mut self, cqe: u32, channel: Option<ChannelId>) -> Result<CqId> {
+        self.check_cqe(cqe)?;
+        if self.cqs.len() >= self.config.limits.max_cq as usize {
+            return Err(Error::no_memory("max_cq completion queues created"));
+        }
+        if let Some(ch) = channel {
+            self.channels
+                .get(ch.0)
+                .ok_or_else(|| Error::invalid("no such completion channel"))?;
+        }
+        let id = self
+            .cqs
+            .insert(Cq::new(cqe, channel))
+            .map(CqId)
+            .ok_or_else(|| Error::no_memory("CQ table exhausted"))?;
+        if let Some(entry) = channel.and_then(|ch| self.channels.get_mut(ch.0)) {
+            entry.cq_refs += 1;
+        }
+        Ok(id)
+    }
+
+    /// `ibv_resize_cq`: `InvalidArgument` for 0, above `max_cqe`, or below the entries held.
+    pub fn resize_cq(&mut self, cq: CqId, cqe: u32) -> Result<()> {
+        self.check_cqe(cqe)?;
+        let entry = self.cq_mut(cq)?;
+        if (cqe as usize) < entry.len() {
+            return Err(Error::invalid("new CQ size below the completions it holds"));
+        }
+        entry.capacity = cqe;
+        Ok(())
+    }
+
+    /// `ibv_destroy_cq`: `Busy` while QPs use it or channel events are unacknowledged.
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<()> {
+        let entry = self.cq(cq)?;
+        if entry.qp_refs > 0 {
+            return Err(Error::busy(format!(
+                "CQ still used by {} QPs",
+                entry.qp_refs
+            )));
+        }
+        if entry.unacked_events > 0 {
+            return Err(Error::busy(format!(
+                "CQ has {} unacknowledged events",
+                entry.unacked_events
+            )));
+        }
+        let channel = entry.channel;
+        self.cqs.remove(cq.0);
+        if let Some(entry) = channel.and_then(|ch| self.channels.get_mut(ch.0)) {
+            entry.cq_refs = entry.cq_refs.saturating_sub(1);
+        }
+        self.notifications.retain(|n| n.cq != cq);
+        Ok(())
+    }
+
+    /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`. After an overrun, once
+    /// the stored completions are drained, fails with `InvalidState` (the CQ is unusable,
+    /// rc-transport.md §6.3).
+    pub fn poll_cq(&mut self, cq: CqId, out: &mut [WorkCompletion]) -> Result<usize> {
+        let entry = self.cq_mut(cq)?;
+        let n = entry.poll(out);
+        if n == 0 && entry.overflowed && !out.is_empty() {
+            return Err(Error::state("CQ overran; it cannot be used any more"));
+        }
+        Ok(n)
+    }
+
+    /// `ibv_req_notify_cq`; `InvalidState` for a CQ without a channel.
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<()> {
+        let entry = self.cq_mut(cq)?;
+        if entry.channel.is_none() {
+            return Err(Error::state("CQ has no completion channel"));
+        }
+        entry.arm(solicited_only);
+        Ok(())
+    }
+
+    /// Records that the driver delivered one event for `cq` (call once per notification).
+    pub fn cq_event_delivered(&mut self, cq: CqId) {
+        if let Ok(entry) = self.cq_mut(cq) {
+            entry.unacked_events += 1;
+        }
+    }
+
+    /// `ibv_ack_cq_events`.
+    pub fn ack_cq_events(&mut self, cq: CqId, n: u32) -> Result<()> {
+        let entry = self.cq_mut(cq)?;
+        entry.unacked_events = entry.unacked_events.saturating_sub(n);
+        Ok(())
+    }
+
+    // ---- (C) commands: SRQ -----------------------------------------------------------------
+
+    /// `ibv_create_srq`: `max_wr` 1..=`max_srq_wr`, `max_sge` ≤ `max_srq_sge`, `srq_limit` ≤
+    /// `max_wr` (`InvalidArgument`); `NoMemory` beyond `max_srq`.
+    pub fn create_srq(&mut self, pd: PdId, attr: &SrqAttr) -> Result<SrqId> {
+        self.pds
+            .get(pd.0)
+            .ok_or_else(|| Error::invalid("no such PD"))?;
+        let l = &self.config.limits;
+        if attr.max_wr == 0 || attr.max_wr > l.max_srq_wr {
+            return Err(Error::invalid("SRQ max_wr outside 1..=max_srq_wr"));
+        }
+        if attr.max_sge > l.max_srq_sge {
+            return Err(Error::invalid("SRQ max_sge above max_srq_sge"));
+        }
+        if attr.srq_limit > attr.max_wr {
+            return Err(Error::invalid("SRQ limit above max_wr"));
+        }
+        if self.srqs.len() >= l.max_srq as usize {
+            return Err(Error::no_memory("max_srq SRQs created"));
+        }
+        let id = self
+            .srqs
+            .insert(SrqEntry {
+                pd,
+                attr: *attr,
+                queue: VecDeque::new(),
+                qp_refs: 0,
+            })
+            .map(SrqId)
+            .ok_or_else(|| Error::no_memory("SRQ table exhausted"))?;
+        if let Some(entry) = self.pds.get_mut(pd.0) {
+            entry.refs += 1;
+        }
+        Ok(id)
+    }
+
+    /// `ibv_post_srq_recv`: `InvalidArgument` for too many SGEs, `NoMemory` when full.
+    pub fn post_srq_recv(&mut self, srq: SrqId, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let entry = self
+            .srqs
+            .get_mut(srq.0)
+            .ok_or_else(|| PostError::new(0, Error::invalid("no such SRQ")))?;
+        for (i, wr) in wrs.iter().enumerate() {
+            qp::check_recv_wr(wr, entry.attr.max_sge).map_err(|e| PostError::new(i, e))?;
+            if entry.queue.len() >= entry.attr.max_wr as usize {
+                return Err(PostError::new(i, Error::no_memory("SRQ full")));
+            }
+            entry.queue.push_back(RecvWqe::from_wr(wr));
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_srq`.
+    pub fn query_srq(&self, srq: SrqId) -> Result<SrqAttr> {
+        Ok(self
+            .srqs
+            .get(srq.0)
+            .ok_or_else(|| Error::invalid("no such SRQ"))?
+            .attr)
+    }
+
+    /// Arms the SRQ limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`); `InvalidArgument` above
+    /// `max_wr`.
+    pub fn arm_srq_limit(&mut self, srq: SrqId, limit: u32) -> Result<()> {
+        let entry = self
+            .srqs
+            .get_mut(srq.0)
+            .ok_or_else(|| Error::invalid("no such SRQ"))?;
+        if limit > entry.attr.max_wr {
+            return Err(Error::invalid("SRQ limit above max_wr"));
+        }
+        entry.attr.srq_limit = limit;
+        Ok(())
+    }
+
+    /// `ibv_destroy_srq`; `Busy` while QPs use it.
+    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
+        let entry = self
+            .srqs
+            .get(srq.0)
+            .ok_or_else(|| Error::invalid("no such SRQ"))?;
+        if entry.qp_refs > 0 {
+            return Err(Error::busy(format!(
+                "SRQ still used by {} QPs",
+                entry.qp_refs
+            )));
+        }
+        let pd = entry.pd;
+        self.srqs.remove(srq.0);
+        if let Some(entry) = self.pds.get_mut(pd.0) {
+            entry.refs = entry.refs.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    // ---- (C) commands: QP ------------------------------------------------------------------
+
+    /// `ibv_create_qp`: a QP in RESET. Errors: unknown PD/CQ/SRQ or an SRQ of another PD
+    /// (`InvalidArgument`), capacities above the device limits (`InvalidArgument`), a type
+    /// other than RC (`NotSupported`), `max_qp` QPs (`NoMemory`).
+    pub fn create_qp(
+        &mut self,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        srq: Option<SrqId>,
+        init: &QpInitAttr,
+    ) -> Result<u32> {
+        if init.qp_type != QpType::Rc {
+            return Err(Error::unsupported(format!(
+                "{:?} QPs are not implemented",
+                init.qp_type
+            )));
+        }
+        self.pds
+            .get(pd.0)
+            .ok_or_else(|| Error::invalid("no such PD"))?;
+        self.cq(send_cq)?;
+        self.cq(recv_cq)?;
+        if let Some(srq) = srq {
+            let entry = self
+                .srqs
+                .get(srq.0)
+                .ok_or_else(|| Error::invalid("no such SRQ"))?;
+            if entry.pd != pd {
+                return Err(Error::invalid("SRQ belongs to another PD"));
+            }
+        }
+        let l = &self.config.limits;
+        let cap = init.cap;
+        let too_big = [
+            (cap.max_send_wr, l.max_qp_wr, "max_send_wr"),
+            (cap.max_recv_wr, l.max_qp_wr, "max_recv_wr"),
+            (cap.max_send_sge, l.max_sge, "max_send_sge"),
+            (cap.max_recv_sge, l.max_sge, "max_recv_sge"),
+            (cap.max_inline_data, l.max_inline_data, "max_inline_data"),
+        ];
+        if let Some((v, max, name)) = too_big.iter().find(|(v, max, _)| v > max) {
+            return Err(Error::invalid(format!(
+                "{name} {v} above the device limit {max}"
+            )));
+        }
+        if self.qps.len() >= l.max_qp as usize {
+            return Err(Error::no_memory("max_qp QPs created"));
+        }
+        let qp = Qp {
+            qpn: 0,
+            qp_type: init.qp_type,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            cap: if srq.is_some() {
+                verbs_api::QpCap {
+                    max_recv_wr: 0,
+                    max_recv_sge: 0,
+                    ..cap
+                }
+            } else {
+                cap
+            },
+            sq_sig_all: init.sq_sig_all,
+            attr: QpAttr::default(),
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+        };
+        let index = self
+            .qps
+            .insert(qp)
+            .ok_or_else(|| Error::no_memory("QP table exhausted"))?;
+        let qpn = index + FIRST_QPN;
+        if qpn > verbs_api::MAX_24BIT {
+            self.qps.remove(index);
+            return Err(Error::no_memory("QP number space exhausted"));
+        }
+        if let Some(qp) = self.qps.get_mut(index) {
+            qp.qpn = qpn;
+        }
+        self.retain_qp_refs(pd, send_cq, recv_cq, srq, 1);
+        Ok(qpn)
+    }
+
+    /// `ibv_modify_qp` (rc-transport.md §5.1). Validates everything first; on error nothing
+    /// changes. Entering RESET clears both queues without completions; entering ERR flushes
+    /// them with `WR_FLUSH_ERR` (§6.3); entering SQD raises `SQ_DRAINED` when asked and the send
+    /// queue has nothing in flight.
+    pub fn modify_qp(
+        &mut self,
+        _now: Instant,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<()> {
+        let limits = self.config.limits.clone();
+        let max_mtu = self.config.max_mtu;
+        let qp = self.qp_mut(qpn)?;
+        let t = qp::check_modify(qp, attr, mask, &limits, max_mtu)?;
+        qp::apply_attrs(&mut qp.attr, attr, mask);
+        qp.attr.qp_state = t.to;
+        match t.to {
+            QpState::Reset if t.from != QpState::Reset => {
+                qp.sq.clear();
+                qp.rq.clear();
+                let cap = qp.cap;
+                qp.attr = QpAttr {
+                    cap,
+                    ..QpAttr::default()
+                };
+            }
+            QpState::Err if t.from != QpState::Err => self.flush_qp(qpn),
+            QpState::Sqd if t.from != QpState::Sqd => {
+                let notify = qp.attr.en_sqd_async_notify;
+                if notify {
+                    self.events.push_back(AsyncEvent {
+                        kind: AsyncEventKind::SqDrained,
+                        element: EventElement::Qp(qpn),
+                    });
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send` (rc-transport.md §5.2): allowed in RTS and SQD (queued); in ERR each WR
+    /// completes at once with `WR_FLUSH_ERR`; `InvalidState` in RESET, INIT, RTR (and SQE).
+    /// Each WR is checked before it is queued; the first bad one stops the batch.
+    pub fn post_send(
+        &mut self,
+        _now: Instant,
+        qpn: u32,
+        wrs: &[SendWr<'_>],
+    ) -> Result<(), PostError> {
+        let limits = self.config.limits.clone();
+        let qp = self.qp_mut(qpn).map_err(|e| PostError::new(0, e))?;
+        let state = qp.state();
+        if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(PostError::new(
+                0,
+                Error::state(format!("post_send in {state}")),
+            ));
+        }
+        for (i, wr) in wrs.iter().enumerate() {
+            let qp = self.qp_mut(qpn).map_err(|e| PostError::new(i, e))?;
+            let wqe = qp::check_send_wr(qp, wr, &limits).map_err(|e| PostError::new(i, e))?;
+            if qp.sq.len() >= qp.cap.max_send_wr as usize {
+                return Err(PostError::new(i, Error::no_memory("send queue full")));
+            }
+            if state == QpState::Err {
+                let cq = qp.send_cq;
+                self.complete(cq, flush_wc(qpn, wqe.wr_id, send_opcode(&wqe)), false);
+            } else {
+                qp.sq.push_back(wqe);
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv` (rc-transport.md §5.2): allowed from INIT on; in ERR each WR completes at
+    /// once with `WR_FLUSH_ERR`; `InvalidState` in RESET; `InvalidArgument` on a QP attached to
+    /// an SRQ or for too many SGEs; `NoMemory` when full.
+    pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let qp = self.qp_mut(qpn).map_err(|e| PostError::new(0, e))?;
+        let state = qp.state();
+        if state == QpState::Reset {
+            return Err(PostError::new(0, Error::state("post_recv in RESET")));
+        }
+        if qp.srq.is_some() {
+            return Err(PostError::new(
+                0,
+                Error::invalid("QP receives through an SRQ"),
+            ));
+        }
+        for (i, wr) in wrs.iter().enumerate() {
+            let qp = self.qp_mut(qpn).map_err(|e| PostError::new(i, e))?;
+            qp::check_recv_wr(wr, qp.cap.max_recv_sge).map_err(|e| PostError::new(i, e))?;
+            if qp.rq.len() >= qp.cap.max_recv_wr as usize {
+                return Err(PostError::new(i, Error::no_memory("receive queue full")));
+            }
+            if state == QpState::Err {
+                let cq = qp.recv_cq;
+                self.complete(cq, flush_wc(qpn, wr.wr_id, WcOpcode::Recv), false);
+            } else {
+                qp.rq.push_back(RecvWqe::from_wr(wr));
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_destroy_qp`: outstanding work is discarded without completions.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+        let index = qpn
+            .checked_sub(FIRST_QPN)
+            .ok_or_else(|| Error::invalid("no such QP"))?;
+        let qp = self
+            .qps
+            .remove(index)
+            .ok_or_else(|| Error::invalid("no such QP"))?;
+        self.retain_qp_refs(qp.pd, qp.send_cq, qp.recv_cq, qp.srq, -1);
+        Ok(())
+    }
+
+    // ---- (D) outputs -----------------------------------------------------------------------
+
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
+    /// The next completion-channel notification the driver must deliver.
+    pub fn poll_notification(&mut self) -> Option<Notification> {
+        self.notifications.pop_front()
+    }
+
+    // ---- internals -------------------------------------------------------------------------
+
+    fn check_cqe(&self, cqe: u32) -> Result<()> {
+        if cqe == 0 || cqe > self.config.limits.max_cqe {
+            return Err(Error::invalid(format!(
+                "cqe {cqe} outside 1..={}",
+                self.config.limits.max_cqe
+            )));
+        }
+        Ok(())
+    }
+
+    fn cq(&self, cq: CqId) -> Result<&Cq> {
+        self.cqs
+            .get(cq.0)
+            .ok_or_else(|| Error::invalid("no such CQ"))
+    }
+
+    fn cq_mut(&mut self, cq: CqId) -> Result<&mut Cq> {
+        self.cqs
+            .get_mut(cq.0)
+            .ok_or_else(|| Error::invalid("no such CQ"))
+    }
+
+    fn qp(&self, qpn: u32) -> Result<&Qp> {
+        qpn.checked_sub(FIRST_QPN)
+            .and_then(|i| self.qps.get(i))
+            .ok_or_else(|| Error::invalid(format!("no such QP {qpn:#x}")))
+    }
+
+    fn qp_mut(&mut self, qpn: u32) -> Result<&mut Qp> {
+        qpn.checked_sub(FIRST_QPN)
+            .and_then(|i| self.qps.get_mut(i))
+            .ok_or_else(|| Error::invalid(format!("no such QP {qpn:#x}")))
+    }
+
+    fn retain_qp_refs(&mut self, pd: PdId, scq: CqId, rcq: CqId, srq: Option<SrqId>, delta: i32) {
+        let bump = |v: &mut u32| *v = v.saturating_add_signed(delta);
+        if let Some(e) = self.pds.get_mut(pd.0) {
+            bump(&mut e.refs);
+        }
+        if let Some(e) = self.cqs.get_mut(scq.0) {
+            bump(&mut e.qp_refs);
+        }
+        if let Some(e) = self.cqs.get_mut(rcq.0) {
+            bump(&mut e.qp_refs);
+        }
+        if let Some(e) = srq.and_then(|s| self.srqs.get_mut(s.0)) {
+            bump(&mut e.qp_refs);
+        }
+    }
+
+    /// Pushes a completion, turning an overrun into `CQ_ERR` and an armed CQ into a
+    /// notification.
+    pub(crate) fn complete(&mut self, cq: CqId, wc: WorkCompletion, solicited: bool) -> bool {
+        let Some(entry) = self.cqs.get_mut(cq.0) else {
+            return false;
+        };
+        match entry.push(wc, solicited) {
+            Pushed::Stored => true,
+            Pushed::Notify(channel) => {
+                self.notifications.push_back(Notification { channel, cq });
+                true
+            }
+            Pushed::Overflow => {
+                self.events.push_back(AsyncEvent {
+                    kind: AsyncEventKind::CqErr,
+                    element: EventElement::Cq(cq.0),
+                });
+                false
+            }
+        }
+    }
+
+    /// Completes every queued WQE of `qpn` with `WR_FLUSH_ERR`, send queue first, in order
+    /// (rc-transport.md §6.3). With an SRQ, raises `QP_LAST_WQE_REACHED` instead of touching
+    /// the shared queue. Stops when a CQ overruns, as rxe does.
+    fn flush_qp(&mut self, qpn: u32) {
+        let Ok(qp) = self.qp_mut(qpn) else { return };
+        let sq: Vec<SendWqe> = qp.sq.drain(..).collect();
+        let rq: Vec<RecvWqe> = qp.rq.drain(..).collect();
+        let (scq, rcq, srq) = (qp.send_cq, qp.recv_cq, qp.srq);
+        for wqe in sq {
+            if !self.complete(scq, flush_wc(qpn, wqe.wr_id, send_opcode(&wqe)), false) {
+                break;
+            }
+        }
+        for wqe in rq {
+            if !self.complete(rcq, flush_wc(qpn, wqe.wr_id, WcOpcode::Recv), false) {
+                break;
+            }
+        }
+        if srq.is_some() {
+            self.events.push_back(AsyncEvent {
+                kind: AsyncEventKind::QpLastWqeReached,
+                element: EventElement::Qp(qpn),
+            });
+        }
+    }
+}
+
+fn check_port(port_num: u8) -> Result<()> {
+    if port_num != 1 {
+        return Err(Error::invalid(format!(
+            "port {port_num} does not exist (ports: 1)"
+        )));
+    }
+    Ok(())
+}
+
+/// Access-flag rules for MR registration (rc-transport.md §7.1, §7.2).
+fn check_mr_access(access: AccessFlags) -> Result<()> {
+    let known = AccessFlags::all().bits() | OPTIONAL_ACCESS_RANGE;
+    if access.bits() & !known != 0 {
+        return Err(Error::invalid(format!(
+            "unknown access bits {:#x}",
+            access.bits() & !known
+        )));
+    }
+    let needs_local = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if access.intersects(needs_local) && !access.contains(AccessFlags::LOCAL_WRITE) {
+        return Err(Error::invalid(
+            "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
+        ));
+    }
+    if access.intersects(AccessFlags::ZERO_BASED | AccessFlags::ON_DEMAND) {
+        return Err(Error::new(
+            ErrorKind::NotSupported,
+            "ZERO_BASED and ON_DEMAND registration are not implemented",
+        ));
+    }
+    Ok(())
+}
+
+/// `IBV_ACCESS_OPTIONAL_RANGE`: bits 20..=29 may be ignored by a provider (§7.1).
+const OPTIONAL_ACCESS_RANGE: u32 = 0x3FF0_0000;
+
+fn send_opcode(wqe: &SendWqe) -> WcOpcode {
+    use verbs_api::SendOp::*;
+    match wqe.op {
+        Send | SendWithImm { .. } => WcOpcode::Send,
+        RdmaWrite { .. } | RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+        RdmaRead { .. } => WcOpcode::RdmaRead,
+        AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
+        AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
+    }
+}
+
+fn flush_wc(qpn: u32, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status: WcStatus::WrFlushErr,
+        opcode,
+        qp_num: qpn,
+        ..WorkCompletion::default()
+    }
+}

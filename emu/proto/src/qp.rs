@@ -1,0 +1,384 @@
+//! Queue pairs: the QP object, its attribute/state machine (rc-transport.md §5.1) and the
+//! validation of posted work (§5.2).
+//!
+//! This module decides whether a `modify` or a post is legal and what it changes; it moves no
+//! data. The RC transport engines (requester, completer, responder) consume the queues kept
+//! here.
+
+use std::collections::VecDeque;
+
+use verbs_api::{
+    AccessFlags, Error, MAX_24BIT, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Result,
+    SendFlags, SendOp, SendWr, Sge,
+};
+
+use crate::config::Limits;
+use crate::hca::{CqId, PdId, SrqId};
+
+/// A send work queue entry: the posted request, owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SendWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) sges: Vec<Sge>,
+    /// Inline payload copied at post time (empty unless INLINE).
+    pub(crate) inline: Vec<u8>,
+    pub(crate) flags: SendFlags,
+    /// Whether a successful completion is reported (SIGNALED or `sq_sig_all`).
+    pub(crate) signaled: bool,
+    pub(crate) length: u64,
+}
+
+/// A receive work queue entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) sges: Vec<Sge>,
+}
+
+impl RecvWqe {
+    pub(crate) fn from_wr(wr: &RecvWr<'_>) -> RecvWqe {
+        RecvWqe {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list.to_vec(),
+        }
+    }
+}
+
+/// One QP.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: PdId,
+    pub(crate) send_cq: CqId,
+    pub(crate) recv_cq: CqId,
+    pub(crate) srq: Option<SrqId>,
+    pub(crate) cap: QpCap,
+    pub(crate) sq_sig_all: bool,
+    /// Current attributes, `attr.qp_state` being the state.
+    pub(crate) attr: QpAttr,
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) rq: VecDeque<RecvWqe>,
+}
+
+impl Qp {
+    pub(crate) fn state(&self) -> QpState {
+        self.attr.qp_state
+    }
+
+    /// The attributes `query` reports.
+    pub(crate) fn query(&self) -> QpAttr {
+        QpAttr {
+            cur_qp_state: self.attr.qp_state,
+            cap: self.cap,
+            sq_draining: false,
+            ..self.attr
+        }
+    }
+}
+
+/// The mask bits libibverbs defines; any other bit is unknown (`EOPNOTSUPP`).
+const KNOWN_BITS: QpAttrMask = QpAttrMask::all();
+
+/// Required and optional mask bits of an RC transition, or `None` if it is illegal
+/// (rc-transport.md §5.1, the kernel's `qp_state_table`).
+pub(crate) fn rc_transition(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+    use QpAttrMask as M;
+    use QpState::*;
+    let none = M::empty();
+    Some(match (from, to) {
+        (Reset, Reset) => (none, none),
+        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
+        (Init, Init) => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        (Init, Rtr) => (
+            M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+        ),
+        (Rtr, Rts) => (
+            M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+            M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+        ),
+        (Rts, Rts) | (Sqd, Rts) => (
+            none,
+            M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+        ),
+        (Rts, Sqd) => (none, M::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => (
+            none,
+            M::PORT
+                | M::AV
+                | M::TIMEOUT
+                | M::RETRY_CNT
+                | M::RNR_RETRY
+                | M::MAX_QP_RD_ATOMIC
+                | M::MAX_DEST_RD_ATOMIC
+                | M::ALT_PATH
+                | M::ACCESS_FLAGS
+                | M::PKEY_INDEX
+                | M::MIN_RNR_TIMER
+                | M::PATH_MIG_STATE,
+        ),
+        (Init | Rtr | Rts | Sqd | Sqe | Err, Reset) => (none, none),
+        (Init | Rtr | Rts | Sqd | Sqe | Err, Err) => (none, none),
+        _ => return None,
+    })
+}
+
+/// What a legal `modify` asks for, once checked.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Transition {
+    pub(crate) from: QpState,
+    pub(crate) to: QpState,
+}
+
+/// Checks a modify against the current state and limits without changing anything.
+///
+/// Order of checks: unknown mask bits (`NotSupported`), the transition (`InvalidState`), the
+/// mask against the table (`InvalidArgument`, naming missing and extra bits), then each value.
+pub(crate) fn check_modify(
+    qp: &Qp,
+    attr: &QpAttr,
+    mask: QpAttrMask,
+    limits: &Limits,
+    max_mtu: Mtu,
+) -> Result<Transition> {
+    let unknown = mask.bits() & !KNOWN_BITS.bits();
+    if unknown != 0 {
+        return Err(Error::unsupported(format!(
+            "unknown attribute mask bits {unknown:#x}"
+        )));
+    }
+    if qp.qp_type != QpType::Rc {
+        return Err(Error::unsupported("only RC QPs are implemented"));
+    }
+    let from = qp.state();
+    let to = if mask.contains(QpAttrMask::STATE) {
+        attr.qp_state
+    } else {
+        from
+    };
+    let (required, optional) = rc_transition(from, to)
+        .ok_or_else(|| Error::state(format!("illegal RC transition {from} -> {to}")))?;
+    let given = mask - QpAttrMask::STATE;
+    let missing = required - given;
+    let extra = given - required - optional;
+    if !missing.is_empty() || !extra.is_empty() {
+        return Err(Error::invalid(format!(
+            "{from} -> {to}: attribute mask missing {missing:?}, not allowed {extra:?}"
+        )));
+    }
+    if from == QpState::Sqd && to != QpState::Err && to != QpState::Reset && qp.sq_draining() {
+        return Err(Error::state("SQD: send queue still draining"));
+    }
+    check_values(qp, attr, mask, limits, max_mtu)?;
+    Ok(Transition { from, to })
+}
+
+impl Qp {
+    /// True while SQD has work in flight. The transport engine reports it; with no data path
+    /// in flight the queue is drained as soon as SQD is entered.
+    pub(crate) fn sq_draining(&self) -> bool {
+        false
+    }
+}
+
+fn check_values(
+    qp: &Qp,
+    attr: &QpAttr,
+    mask: QpAttrMask,
+    limits: &Limits,
+    max_mtu: Mtu,
+) -> Result<()> {
+    use QpAttrMask as M;
+    let bad = |what: &str| Err(Error::invalid(what.to_string()));
+    if mask.contains(M::CUR_STATE) && attr.cur_qp_state != qp.state() {
+        return bad("cur_qp_state does not match the QP's state");
+    }
+    if mask.contains(M::ALT_PATH) {
+        // The core bans automatic path migration on RoCE (rc-transport.md §5.1).
+        return bad("alternate paths are not supported on RoCE");
+    }
+    let remote = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    if mask.contains(M::ACCESS_FLAGS) && !remote.contains(attr.qp_access_flags) {
+        return bad("qp_access_flags has bits other than LOCAL_WRITE and REMOTE_*");
+    }
+    if mask.contains(M::PKEY_INDEX) && attr.pkey_index != 0 {
+        return bad("pkey_index out of range (table length 1)");
+    }
+    if mask.contains(M::PORT) && attr.port_num != 1 {
+        return bad("port_num must be 1");
+    }
+    if mask.contains(M::AV) {
+        let ah = &attr.ah_attr;
+        if ah.port_num != 1 && ah.port_num != 0 {
+            return bad("ah_attr.port_num must be 1");
+        }
+        if ah.sgid_index != 0 {
+            return bad("ah_attr.sgid_index out of range (GID table length 1)");
+        }
+        if ah.dgid.is_zero() {
+            return bad("ah_attr.dgid is zero: RoCE needs a global address");
+        }
+        if ah.udp_dport == 0 {
+            return bad("ah_attr.udp_dport is zero");
+        }
+    }
+    if mask.contains(M::PATH_MTU) && attr.path_mtu > max_mtu {
+        return bad("path_mtu above the port's max_mtu");
+    }
+    if mask.contains(M::DEST_QPN) && attr.dest_qp_num > MAX_24BIT {
+        return bad("dest_qp_num is not a 24-bit number");
+    }
+    if mask.contains(M::RQ_PSN) && attr.rq_psn > MAX_24BIT {
+        return bad("rq_psn is not a 24-bit number");
+    }
+    if mask.contains(M::SQ_PSN) && attr.sq_psn > MAX_24BIT {
+        return bad("sq_psn is not a 24-bit number");
+    }
+    if mask.contains(M::MAX_DEST_RD_ATOMIC)
+        && u32::from(attr.max_dest_rd_atomic) > limits.max_rd_atomic
+    {
+        return bad("max_dest_rd_atomic above the device's max_qp_rd_atom");
+    }
+    if mask.contains(M::MAX_QP_RD_ATOMIC) && u32::from(attr.max_rd_atomic) > limits.max_rd_atomic {
+        return bad("max_rd_atomic above the device's max_qp_init_rd_atom");
+    }
+    if mask.contains(M::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+        return bad("min_rnr_timer above 31");
+    }
+    if mask.contains(M::TIMEOUT) && attr.timeout > 31 {
+        return bad("timeout above 31");
+    }
+    if mask.contains(M::RETRY_CNT) && attr.retry_cnt > 7 {
+        return bad("retry_cnt above 7");
+    }
+    if mask.contains(M::RNR_RETRY) && attr.rnr_retry > 7 {
+        return bad("rnr_retry above 7");
+    }
+    Ok(())
+}
+
+/// Copies the fields named by `mask` from `attr` into `dst`.
+pub(crate) fn apply_attrs(dst: &mut QpAttr, attr: &QpAttr, mask: QpAttrMask) {
+    use QpAttrMask as M;
+    macro_rules! copy {
+        ($($bit:ident => $field:ident),* $(,)?) => {
+            $(if mask.contains(M::$bit) { dst.$field = attr.$field; })*
+        };
+    }
+    copy!(
+        STATE => qp_state,
+        EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify,
+        ACCESS_FLAGS => qp_access_flags,
+        PKEY_INDEX => pkey_index,
+        PORT => port_num,
+        AV => ah_attr,
+        PATH_MTU => path_mtu,
+        TIMEOUT => timeout,
+        RETRY_CNT => retry_cnt,
+        RNR_RETRY => rnr_retry,
+        RQ_PSN => rq_psn,
+        MAX_QP_RD_ATOMIC => max_rd_atomic,
+        MIN_RNR_TIMER => min_rnr_timer,
+        SQ_PSN => sq_psn,
+        MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
+        DEST_QPN => dest_qp_num,
+    );
+}
+
+/// Checks one send WR against the QP's capacities and §5.2's rules; builds its WQE.
+pub(crate) fn check_send_wr(qp: &Qp, wr: &SendWr<'_>, limits: &Limits) -> Result<SendWqe> {
+    let inline = wr.flags.contains(SendFlags::INLINE);
+    if inline {
+        if !wr.sg_list.is_empty() {
+            return Err(Error::invalid("INLINE work request must carry no SGEs"));
+        }
+        if wr.op.is_read_or_atomic() {
+            return Err(Error::invalid("INLINE is not allowed for READ or atomics"));
+        }
+        if wr.inline_data.len() > qp.cap.max_inline_data as usize {
+            return Err(Error::invalid(format!(
+                "inline data of {} bytes above max_inline_data {}",
+                wr.inline_data.len(),
+                qp.cap.max_inline_data
+            )));
+        }
+    } else if wr.sg_list.len() > qp.cap.max_send_sge as usize {
+        return Err(Error::invalid(format!(
+            "{} SGEs above max_send_sge {}",
+            wr.sg_list.len(),
+            qp.cap.max_send_sge
+        )));
+    }
+    if let SendOp::AtomicCmpAndSwp { remote_addr, .. }
+    | SendOp::AtomicFetchAndAdd { remote_addr, .. } = wr.op
+    {
+        if wr.sg_list.len() != 1 || wr.sg_list.first().map(|s| s.length) != Some(8) {
+            return Err(Error::invalid("an atomic needs exactly one 8-byte SGE"));
+        }
+        if remote_addr % 8 != 0 {
+            return Err(Error::invalid(
+                "atomic remote address is not 8-byte aligned",
+            ));
+        }
+    }
+    let length = wr.total_len();
+    if length > u64::from(limits.max_msg_sz) {
+        return Err(Error::invalid(format!(
+            "message of {length} bytes above max_msg_sz {}",
+            limits.max_msg_sz
+        )));
+    }
+    Ok(SendWqe {
+        wr_id: wr.wr_id,
+        op: wr.op,
+        sges: wr.sg_list.to_vec(),
+        inline: if inline {
+            wr.inline_data.to_vec()
+        } else {
+            Vec::new()
+        },
+        flags: wr.flags,
+        signaled: qp.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+        length,
+    })
+}
+
+/// Checks one receive WR's SGE count against `max_sge`.
+pub(crate) fn check_recv_wr(wr: &RecvWr<'_>, max_sge: u32) -> Result<()> {
+    if wr.sg_list.len() > max_sge as usize {
+        return Err(Error::invalid(format!(
+            "{} SGEs above max_recv_sge {max_sge}",
+            wr.sg_list.len()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_pair_of_states_is_classified() {
+        let legal: usize = QpState::ALL
+            .iter()
+            .flat_map(|a| QpState::ALL.iter().map(move |b| (*a, *b)))
+            .filter(|(a, b)| rc_transition(*a, *b).is_some())
+            .count();
+        // RESET->{RESET,INIT}, INIT->{INIT,RTR}, RTR->RTS, RTS->{RTS,SQD}, SQD->{RTS,SQD},
+        // six states ->RESET, six states ->ERR.
+        assert_eq!(legal, 9 + 12);
+        assert!(rc_transition(QpState::Reset, QpState::Err).is_none());
+        assert!(rc_transition(QpState::Sqe, QpState::Rts).is_none());
+    }
+}

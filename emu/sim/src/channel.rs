@@ -1,0 +1,107 @@
+//! Completion channels: a queue of CQ events plus a socket pair whose read end becomes
+//! readable while events are pending, so the channel works with epoll, mio and tokio.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind as IoKind, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use verbs_api::{Error, ErrorKind, Result};
+
+/// The OS side of one channel.
+#[derive(Debug)]
+pub(crate) struct ChannelShared {
+    queue: Mutex<VecDeque<u32>>,
+    cond: Condvar,
+    tx: UnixStream,
+    rx: UnixStream,
+}
+
+impl ChannelShared {
+    pub(crate) fn new() -> Result<ChannelShared> {
+        let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("completion channel: {e}"));
+        let (tx, rx) = UnixStream::pair().map_err(io)?;
+        tx.set_nonblocking(true).map_err(io)?;
+        rx.set_nonblocking(true).map_err(io)?;
+        Ok(ChannelShared {
+            queue: Mutex::new(VecDeque::new()),
+            cond: Condvar::new(),
+            tx,
+            rx,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<u32>> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues an event for CQ `cq` and makes the fd readable.
+    pub(crate) fn signal(&self, cq: u32) {
+        let mut queue = self.lock();
+        // The byte goes first, so that whoever sees the queue entry also finds the fd
+        // readable. A full socket buffer leaves the fd readable anyway.
+        let _ = (&self.tx).write(&[1]);
+        queue.push_back(cq);
+        self.cond.notify_all();
+    }
+
+    fn pop(&self, queue: &mut VecDeque<u32>) -> Option<u32> {
+        let cq = queue.pop_front()?;
+        let mut byte = [0u8; 1];
+        match (&self.rx).read(&mut byte) {
+            Ok(_) => {}
+            Err(e) if e.kind() == IoKind::WouldBlock => {}
+            Err(_) => {}
+        }
+        Some(cq)
+    }
+
+    /// The next event without blocking.
+    pub(crate) fn try_get(&self) -> Option<u32> {
+        let mut queue = self.lock();
+        self.pop(&mut queue)
+    }
+
+    /// The next event, waiting up to `timeout` (forever with `None`).
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<u32> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut queue = self.lock();
+        loop {
+            if let Some(cq) = self.pop(&mut queue) {
+                return Some(cq);
+            }
+            match deadline {
+                None => {
+                    queue = self.cond.wait(queue).unwrap_or_else(|p| p.into_inner());
+                }
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    queue = self
+                        .cond
+                        .wait_timeout(queue, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+}
+
+impl AsFd for ChannelShared {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.rx.as_fd()
+    }
+}
+
+impl AsRawFd for ChannelShared {
+    fn as_raw_fd(&self) -> RawFd {
+        self.rx.as_raw_fd()
+    }
+}

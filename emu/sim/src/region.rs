@@ -1,0 +1,175 @@
+//! Memory behind emulated MRs: heap buffers, shared file mappings and caller memory.
+//!
+//! This is the only module of the crate with `unsafe` code. Every access a peer or the
+//! application makes through the emulator goes through [`Region::read`], [`Region::write`]
+//! (and the atomics added with the data path), which bounds-check against the region and copy
+//! with atomic loads and stores. Atomic copies make concurrent access by the application, a
+//! peer and another process (through the file mapping) free of data races in Rust's sense; as on
+//! hardware, overlapping concurrent accesses give unspecified bytes but never touch memory
+//! outside the region.
+
+#![allow(unsafe_code)]
+
+use std::fs::OpenOptions;
+use std::io;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use memmap2::MmapMut;
+
+/// What keeps a region's bytes alive.
+#[derive(Debug)]
+enum Backing {
+    /// Zeroed heap memory owned by the MR (8-byte aligned).
+    Heap(#[allow(dead_code)] Box<[AtomicU64]>),
+    /// A shared mapping of a file.
+    Map(#[allow(dead_code)] MmapMut),
+    /// Caller memory registered with `reg_mr_raw`; the caller keeps it alive.
+    Caller,
+}
+
+/// A byte range that MR accesses may touch.
+#[derive(Debug)]
+pub(crate) struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    _backing: Backing,
+}
+
+// SAFETY: the region only hands out copies made with atomic operations, so sharing it between
+// threads cannot cause data races; the backing memory lives as long as the region (Heap, Map)
+// or as the caller promised in `reg_mr_raw`'s contract (Caller).
+unsafe impl Send for Region {}
+// SAFETY: as for Send: all access is through atomic loads/stores within bounds.
+unsafe impl Sync for Region {}
+
+/// A range outside the region.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct OutOfBounds;
+
+impl Region {
+    /// `len` zeroed bytes on the heap; `len` must be non-zero.
+    pub(crate) fn heap(len: usize) -> Region {
+        let words: Box<[AtomicU64]> = (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
+        let ptr = NonNull::from(&*words).cast::<u8>();
+        Region {
+            ptr,
+            len,
+            _backing: Backing::Heap(words),
+        }
+    }
+
+    /// A shared, writable mapping of `path`, created if missing and grown to `len` bytes.
+    pub(crate) fn file(path: &Path, len: usize) -> io::Result<Region> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let wanted = len as u64;
+        if file.metadata()?.len() < wanted {
+            file.set_len(wanted)?;
+        }
+        // SAFETY: the mapping is shared with other processes by design; every access we make
+        // goes through atomic operations (see the module docs), and a file truncated under us
+        // by another process is outside the contract `reg_mr_file` documents.
+        let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&file)? };
+        let ptr = NonNull::new(map.as_mut_ptr())
+            .ok_or_else(|| io::Error::other("mmap returned a null pointer"))?;
+        Ok(Region {
+            ptr,
+            len,
+            _backing: Backing::Map(map),
+        })
+    }
+
+    /// Caller memory.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` must be valid for reads and writes for the region's whole life
+    /// (the contract of `Context::reg_mr_raw`).
+    pub(crate) unsafe fn caller(ptr: NonNull<u8>, len: usize) -> Region {
+        Region {
+            ptr,
+            len,
+            _backing: Backing::Caller,
+        }
+    }
+
+    /// The region's start address, used as the MR's virtual address.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfBounds),
+        }
+    }
+
+    /// Copies `buf.len()` bytes at `offset` into `buf`.
+    pub(crate) fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), OutOfBounds> {
+        self.check(offset, buf.len())?;
+        for (i, out) in buf.iter_mut().enumerate() {
+            // SAFETY: offset + i < self.len (checked above), so the byte lies inside the live
+            // region; AtomicU8 has the alignment and size of u8.
+            let byte = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(offset + i)) };
+            *out = byte.load(Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
+        self.check(offset, data.len())?;
+        for (i, value) in data.iter().enumerate() {
+            // SAFETY: as in `read`: the byte is inside the live region.
+            let byte = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(offset + i)) };
+            byte.store(*value, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn heap_region_bounds() {
+        let r = Region::heap(13);
+        assert_eq!(r.len(), 13);
+        assert_eq!(r.addr() % 8, 0);
+        r.write(5, &[1, 2, 3]).unwrap();
+        let mut buf = [0u8; 4];
+        r.read(4, &mut buf).unwrap();
+        assert_eq!(buf, [0, 1, 2, 3]);
+        assert_eq!(r.write(12, &[1, 2]), Err(OutOfBounds));
+        assert_eq!(r.read(usize::MAX, &mut buf), Err(OutOfBounds));
+        assert_eq!(r.read(13, &mut []), Ok(()));
+    }
+
+    #[test]
+    fn file_region_is_shared() {
+        let dir = std::env::temp_dir().join(format!("softverbs-region-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mr.bin");
+        let r = Region::file(&path, 64).unwrap();
+        r.write(10, b"hello").unwrap();
+        drop(r);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 64);
+        assert_eq!(&bytes[10..15], b"hello");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

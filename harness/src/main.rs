@@ -1,2 +1,49 @@
-//! softverbs binary
-fn main() {}
+//! The `softverbs` command-line tool. See the README for its subcommands.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use verbs_api::Device;
+
+/// softverbs: a userspace RDMA verbs emulator.
+#[derive(Parser, Debug)]
+#[command(name = "softverbs", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Connect an RC QP pair between two devices of the selected provider (SOFTVERBS_PROVIDER,
+    /// default: the in-process emulator) and print their attributes.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo => demo(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softverbs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo() -> Result<(), verbs_api::Error> {
+    let registry = softverbs::registry();
+    let provider = std::env::var(verbs_api::dynamic::PROVIDER_ENV).unwrap_or_else(|_| "emu".into());
+    let devices = registry.devices(&provider)?;
+    let [a, b, ..] = devices.as_slice() else {
+        return Err(verbs_api::Error::new(
+            verbs_api::ErrorKind::NotFound,
+            format!("provider {provider} has {} device(s); the demo needs two", devices.len()),
+        ));
+    };
+    let (a, b) = (a.open()?, b.open()?);
+    softverbs::demo::run(&a, &b, &mut std::io::stdout().lock())
+}

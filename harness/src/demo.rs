@@ -37,7 +37,10 @@ pub fn run<C: Context>(a: &C, b: &C, out: &mut dyn Write) -> Result<()> {
     let opts = RcConnectOptions::default();
     connect_rc(&qp_a, psn_a, &ep_b, &opts)?;
     connect_rc(&qp_b, psn_b, &ep_a, &opts)?;
-    for (name, qp, mr) in [(a.device_name(), &qp_a, &mr_a), (b.device_name(), &qp_b, &mr_b)] {
+    for (name, qp, mr) in [
+        (a.device_name(), &qp_a, &mr_a),
+        (b.device_name(), &qp_b, &mr_b),
+    ] {
         let attr = qp.query()?;
         writeln!(
             out,

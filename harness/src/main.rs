@@ -41,7 +41,10 @@ fn demo() -> Result<(), verbs_api::Error> {
     let [a, b, ..] = devices.as_slice() else {
         return Err(verbs_api::Error::new(
             verbs_api::ErrorKind::NotFound,
-            format!("provider {provider} has {} device(s); the demo needs two", devices.len()),
+            format!(
+                "provider {provider} has {} device(s); the demo needs two",
+                devices.len()
+            ),
         ));
     };
     let (a, b) = (a.open()?, b.open()?);

@@ -20,11 +20,18 @@ use verbs_api::{
     RecvWr, Result, SendWr, SrqAttr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+
 use crate::config::HcaConfig;
 use crate::cq::{Cq, Pushed};
+use crate::memory::Memory;
 use crate::qp::{self, Qp, RecvWqe, SendWqe};
+use crate::rc::{self, Ctx, completer, requester, responder};
+use crate::stats::Stats;
 use crate::table::Table;
 use crate::time::Instant;
+use crate::wire::{Packet, PacketRepr, Psn, check_icrc};
 
 /// A protection domain's number.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -47,6 +54,20 @@ pub struct Notification {
     /// The CQ the event is for.
     pub cq: CqId,
 }
+
+/// One datagram for the driver to send: the RoCEv2 UDP payload is in the caller's buffer.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination address and UDP port.
+    pub dst: SocketAddr,
+    /// UDP source port (rc-transport.md §1.9); the ICRC covers it.
+    pub src_port: u16,
+    /// Bytes written to the buffer.
+    pub len: usize,
+}
+
+/// The buffer size [`Hca::poll_transmit`] needs.
+pub const MAX_PACKET_LEN: usize = rc::MAX_PACKET_LEN;
 
 /// The first QP number handed out (QPN 0 and 1 are the special QPs; rxe starts at 0x11).
 pub const FIRST_QPN: u32 = 0x11;
@@ -74,11 +95,12 @@ struct PdEntry {
     refs: u32,
 }
 
+/// An SRQ's HCA state.
 #[derive(Debug)]
-struct SrqEntry {
-    pd: PdId,
-    attr: SrqAttr,
-    queue: VecDeque<RecvWqe>,
+pub(crate) struct SrqEntry {
+    pub(crate) pd: PdId,
+    pub(crate) attr: SrqAttr,
+    pub(crate) queue: VecDeque<RecvWqe>,
     qp_refs: u32,
 }
 
@@ -107,6 +129,14 @@ pub struct Hca {
     qps: Table<Qp>,
     events: VecDeque<AsyncEvent>,
     notifications: VecDeque<Notification>,
+    /// QPs that may have a packet to send, each at most once (`rc.queued`).
+    ready: VecDeque<u32>,
+    /// Timer index: each QP's earliest deadline.
+    timers: BTreeSet<(Instant, u32)>,
+    /// Completions produced by the engine, pushed to CQs after each step.
+    wcs: Vec<(CqId, WorkCompletion, bool)>,
+    /// Device-level counters (packets no QP took) plus the totals of destroyed QPs.
+    stats: Stats,
 }
 
 impl Hca {
@@ -135,6 +165,10 @@ impl Hca {
             qps: Table::default(),
             events: VecDeque::new(),
             notifications: VecDeque::new(),
+            ready: VecDeque::new(),
+            timers: BTreeSet::new(),
+            wcs: Vec::new(),
+            stats: Stats::default(),
         }
     }
 
@@ -598,6 +632,7 @@ impl Hca {
             attr: QpAttr::default(),
             sq: VecDeque::new(),
             rq: VecDeque::new(),
+            rc: crate::rc::RcState::default(),
         };
         let index = self
             .qps
@@ -632,8 +667,9 @@ impl Hca {
         let t = qp::check_modify(qp, attr, mask, &limits, max_mtu)?;
         qp::apply_attrs(&mut qp.attr, attr, mask);
         qp.attr.qp_state = t.to;
-        match t.to {
-            QpState::Reset if t.from != QpState::Reset => {
+        let rc = &mut qp.rc;
+        match (t.from, t.to) {
+            (from, QpState::Reset) if from != QpState::Reset => {
                 qp.sq.clear();
                 qp.rq.clear();
                 let cap = qp.cap;
@@ -641,19 +677,44 @@ impl Hca {
                     cap,
                     ..QpAttr::default()
                 };
+                let stats = rc.stats;
+                *rc = rc::RcState::default();
+                rc.stats = stats;
             }
-            QpState::Err if t.from != QpState::Err => self.flush_qp(qpn),
-            QpState::Sqd if t.from != QpState::Sqd => {
-                let notify = qp.attr.en_sqd_async_notify;
-                if notify {
+            (from, QpState::Err) if from != QpState::Err => {
+                self.enter_err(qpn);
+            }
+            (QpState::Init, QpState::Rtr) => {
+                rc.epsn = Psn::new(qp.attr.rq_psn);
+            }
+            (QpState::Rtr, QpState::Rts) => {
+                let psn = Psn::new(qp.attr.sq_psn);
+                rc.req_psn = psn;
+                rc.comp_psn = psn;
+                rc.sent_high = psn;
+                rc.retry_left = qp.attr.retry_cnt;
+                rc.rnr_retry_left = qp.attr.rnr_retry;
+            }
+            (QpState::Rts, QpState::Sqd) if qp.attr.en_sqd_async_notify => {
+                if qp.sq_draining() {
+                    qp.rc.sqd_notify = true;
+                } else {
                     self.events.push_back(AsyncEvent {
                         kind: AsyncEventKind::SqDrained,
                         element: EventElement::Qp(qpn),
                     });
                 }
             }
+            (QpState::Sqd, QpState::Rts) => self.mark_ready(qpn),
             _ => {}
         }
+        if let Ok(qp) = self.qp_mut(qpn) {
+            if t.to == QpState::Rtr || t.to == QpState::Rts {
+                qp.rc.retry_left = qp.attr.retry_cnt;
+                qp.rc.rnr_retry_left = qp.attr.rnr_retry;
+            }
+        }
+        self.sync_timer(qpn);
         Ok(())
     }
 
@@ -686,6 +747,7 @@ impl Hca {
                 self.complete(cq, flush_wc(qpn, wqe.wr_id, send_opcode(&wqe)), false);
             } else {
                 qp.sq.push_back(wqe);
+                self.mark_ready(qpn);
             }
         }
         Ok(())
@@ -735,7 +797,149 @@ impl Hca {
         Ok(())
     }
 
+    // ---- (B) inputs ------------------------------------------------------------------------
+
+    /// Feeds one received RoCEv2 UDP payload from `src` (rxe's receive path, rc-transport.md
+    /// §1.10): a bad ICRC, a malformed packet, an unknown QP, a QP in the wrong state, a source
+    /// other than the QP's peer or a foreign P_Key is counted and dropped, never answered.
+    /// Requests go to the responder, responses to the completer. Never panics on any input.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        bytes: &[u8],
+        mem: &dyn Memory,
+    ) {
+        let own = self.config.gid.to_ip();
+        let Ok(ip) = rc::tx::ip_context(src.ip(), own, src.port(), self.config.udp_port) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        if check_icrc(&ip, bytes).is_err() {
+            self.stats.icrc_errors += 1;
+            return;
+        }
+        let Ok(pkt) = PacketRepr::parse(&Packet::new_unchecked(bytes)) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        let qpn = pkt.bth.dest_qp;
+        let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        let op = pkt.bth.opcode;
+        let state = qp.state();
+        let accepts = if op.is_request() {
+            matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+        } else {
+            op.is_response() && matches!(state, QpState::Rts | QpState::Sqd)
+        };
+        // rxe drops a foreign source address or P_Key silently (§1.10, trap 10).
+        if !accepts || qp.attr.ah_attr.dgid.to_ip() != src.ip() || pkt.bth.pkey & 0x7FFF != 0x7FFF {
+            qp.rc.stats.dropped += 1;
+            return;
+        }
+        let mut ctx = Ctx {
+            now,
+            mrs: &self.mrs,
+            srqs: &mut self.srqs,
+            mem,
+            wcs: &mut self.wcs,
+            events: &mut self.events,
+        };
+        let fatal = if op.is_request() {
+            responder::handle_request(qp, &mut ctx, &pkt) == responder::Disposition::Fatal
+        } else {
+            qp.rc.stats.rcvd_pkts += 1;
+            completer::handle_response(qp, &mut ctx, &pkt) == completer::Verdict::Fatal
+        };
+        self.after_step(qpn, fatal, true);
+    }
+
+    /// Fires every timer due at `now`: RNR waits end, local ACK timeouts retry or fail
+    /// (rc-transport.md §3.5–§3.9).
+    pub fn handle_timeout(&mut self, now: Instant, mem: &dyn Memory) {
+        while let Some(&(at, qpn)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.pop_first();
+            let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
+                continue;
+            };
+            qp.rc.timer_key = None;
+            let mut ctx = Ctx {
+                now,
+                mrs: &self.mrs,
+                srqs: &mut self.srqs,
+                mem,
+                wcs: &mut self.wcs,
+                events: &mut self.events,
+            };
+            let fatal = completer::handle_timeout(qp, &mut ctx) == completer::Verdict::Fatal;
+            self.after_step(qpn, fatal, true);
+        }
+    }
+
     // ---- (D) outputs -----------------------------------------------------------------------
+
+    /// Builds the next packet to send into `buf` (at least [`MAX_PACKET_LEN`] bytes) and says
+    /// where it goes; `None` when no QP has anything to send now. Responses go before new
+    /// requests of the same QP; QPs take turns.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let src_ip: IpAddr = self.config.gid.to_ip();
+        while let Some(qpn) = self.ready.pop_front() {
+            let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
+                continue;
+            };
+            qp.rc.queued = false;
+            let mut ctx = Ctx {
+                now,
+                mrs: &self.mrs,
+                srqs: &mut self.srqs,
+                mem,
+                wcs: &mut self.wcs,
+                events: &mut self.events,
+            };
+            let len = responder::next_packet(qp, &mut ctx, src_ip, buf)
+                .or_else(|| requester::next_packet(qp, &mut ctx, src_ip, buf));
+            let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Verdict::Fatal;
+            let dst = SocketAddr::new(qp.attr.ah_attr.dgid.to_ip(), qp.attr.ah_attr.udp_dport);
+            let src_port = crate::wire::ip::udp_sport(qpn, qp.attr.dest_qp_num);
+            self.after_step(qpn, fatal, len.is_some());
+            if let Some(len) = len {
+                return Some(Transmit { dst, src_port, len });
+            }
+        }
+        None
+    }
+
+    /// The earliest timer deadline of any QP; call [`Hca::handle_timeout`] then.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.first().map(|(at, _)| *at)
+    }
+
+    /// Counters of one QP.
+    pub fn qp_stats(&self, qpn: u32) -> Result<Stats> {
+        Ok(self.qp(qpn)?.rc.stats)
+    }
+
+    /// Device counters: packets no QP accepted plus the sum over live and destroyed QPs.
+    pub fn stats(&self) -> Stats {
+        let mut total = self.stats;
+        for i in 0..u32::try_from(self.qps_capacity()).unwrap_or(u32::MAX) {
+            if let Some(qp) = self.qps.get(i) {
+                total += qp.rc.stats;
+            }
+        }
+        total
+    }
 
     /// The next asynchronous event.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
@@ -748,6 +952,70 @@ impl Hca {
     }
 
     // ---- internals -------------------------------------------------------------------------
+
+    fn qps_capacity(&self) -> usize {
+        self.qps.capacity()
+    }
+
+    /// After the engine ran on `qpn`: enter ERR if it failed, push its completions, update its
+    /// timer, and queue it for transmission if `requeue` (or to send a final NAK).
+    fn after_step(&mut self, qpn: u32, fatal: bool, requeue: bool) {
+        if fatal {
+            self.enter_err(qpn);
+        }
+        self.flush_engine_wcs();
+        if requeue || fatal {
+            self.mark_ready(qpn);
+        }
+        self.sync_timer(qpn);
+    }
+
+    /// Moves a QP to ERR from the engine: timers stop, queued work flushes, a pending NAK may
+    /// still go out (rc-transport.md §6.1: every RC error completion is fatal).
+    fn enter_err(&mut self, qpn: u32) {
+        if let Ok(qp) = self.qp_mut(qpn) {
+            qp.attr.qp_state = QpState::Err;
+            qp.rc.retransmit_at = None;
+            qp.rc.rnr_at = None;
+        }
+        self.flush_qp(qpn);
+        self.sync_timer(qpn);
+    }
+
+    fn flush_engine_wcs(&mut self) {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        for (cq, wc, solicited) in wcs.drain(..) {
+            self.complete(cq, wc, solicited);
+        }
+        self.wcs = wcs;
+    }
+
+    fn mark_ready(&mut self, qpn: u32) {
+        if let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) {
+            if !qp.rc.queued {
+                qp.rc.queued = true;
+                self.ready.push_back(qpn);
+            }
+        }
+    }
+
+    /// Keeps the timer index in step with the QP's earliest deadline.
+    fn sync_timer(&mut self, qpn: u32) {
+        let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
+            return;
+        };
+        let want = qp.rc.deadline();
+        if want == qp.rc.timer_key {
+            return;
+        }
+        if let Some(old) = qp.rc.timer_key {
+            self.timers.remove(&(old, qpn));
+        }
+        if let Some(new) = want {
+            self.timers.insert((new, qpn));
+        }
+        qp.rc.timer_key = want;
+    }
 
     fn check_cqe(&self, cqe: u32) -> Result<()> {
         if cqe == 0 || cqe > self.config.limits.max_cqe {
@@ -825,9 +1093,14 @@ impl Hca {
     /// (rc-transport.md §6.3). With an SRQ, raises `QP_LAST_WQE_REACHED` instead of touching
     /// the shared queue. Stops when a CQ overruns, as rxe does.
     fn flush_qp(&mut self, qpn: u32) {
+        self.flush_engine_wcs();
         let Ok(qp) = self.qp_mut(qpn) else { return };
         let sq: Vec<SendWqe> = qp.sq.drain(..).collect();
-        let rq: Vec<RecvWqe> = qp.rq.drain(..).collect();
+        let mut rq: Vec<RecvWqe> = Vec::with_capacity(qp.rq.len() + 1);
+        if let rc::InMsg::Send { wqe, .. } = std::mem::take(&mut qp.rc.msg) {
+            rq.push(wqe);
+        }
+        rq.extend(qp.rq.drain(..));
         let (scq, rcq, srq) = (qp.send_cq, qp.recv_cq, qp.srq);
         for wqe in sq {
             if !self.complete(scq, flush_wc(qpn, wqe.wr_id, send_opcode(&wqe)), false) {
@@ -885,14 +1158,7 @@ fn check_mr_access(access: AccessFlags) -> Result<()> {
 const OPTIONAL_ACCESS_RANGE: u32 = 0x3FF0_0000;
 
 fn send_opcode(wqe: &SendWqe) -> WcOpcode {
-    use verbs_api::SendOp::*;
-    match wqe.op {
-        Send | SendWithImm { .. } => WcOpcode::Send,
-        RdmaWrite { .. } | RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
-        RdmaRead { .. } => WcOpcode::RdmaRead,
-        AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
-        AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
-    }
+    completer::wc_opcode(wqe)
 }
 
 fn flush_wc(qpn: u32, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {

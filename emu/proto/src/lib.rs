@@ -7,7 +7,21 @@
 //! It is not a verbs provider by itself: drivers wrap it to implement `verbs_api`.
 #![forbid(unsafe_code)]
 
+pub mod config;
+mod cq;
+pub mod hca;
+pub mod memory;
+mod qp;
+mod rc;
+pub mod stats;
+mod table;
 pub mod time;
 pub mod wire;
 
+pub use config::{HcaConfig, Limits};
+pub use hca::{
+    ChannelId, CqId, FIRST_QPN, Hca, MAX_PACKET_LEN, MrInfo, Notification, PdId, SrqId, Transmit,
+};
+pub use memory::{AtomicOp, Memory, MemoryFault, NoMemory};
+pub use stats::Stats;
 pub use time::Instant;

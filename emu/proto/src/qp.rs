@@ -27,6 +27,35 @@ pub(crate) struct SendWqe {
     /// Whether a successful completion is reported (SIGNALED or `sq_sig_all`).
     pub(crate) signaled: bool,
     pub(crate) length: u64,
+    /// Transport progress, set by the requester (all zero until the WQE starts).
+    pub(crate) tx: WqeTx,
+}
+
+/// A send WQE's transport progress.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WqeTx {
+    /// PSNs were assigned and limits checked (fence, `max_rd_atomic`).
+    pub(crate) started: bool,
+    /// First PSN of the message (of its response packets, for READ).
+    pub(crate) first_psn: crate::wire::Psn,
+    /// Packets of the message (response packets, for READ).
+    pub(crate) npkts: u32,
+    /// Next packet to send; for READ and atomics, `npkts` once the request went out.
+    pub(crate) next_pkt: u32,
+    /// For READ: the packet index the latest request started at (a retried READ asks for the
+    /// remainder only, rc-transport.md §3.8).
+    pub(crate) read_from: u32,
+    /// Holds one of the `max_rd_atomic` slots.
+    pub(crate) holds_slot: bool,
+    /// A local error found while starting it; reported when it reaches the head.
+    pub(crate) error: Option<verbs_api::WcStatus>,
+}
+
+impl WqeTx {
+    /// Last PSN of the message.
+    pub(crate) fn last_psn(&self) -> crate::wire::Psn {
+        self.first_psn.wrapping_add(self.npkts.saturating_sub(1))
+    }
 }
 
 /// A receive work queue entry.
@@ -60,6 +89,8 @@ pub(crate) struct Qp {
     pub(crate) attr: QpAttr,
     pub(crate) sq: VecDeque<SendWqe>,
     pub(crate) rq: VecDeque<RecvWqe>,
+    /// RC transport state.
+    pub(crate) rc: crate::rc::RcState,
 }
 
 impl Qp {
@@ -181,10 +212,9 @@ pub(crate) fn check_modify(
 }
 
 impl Qp {
-    /// True while SQD has work in flight. The transport engine reports it; with no data path
-    /// in flight the queue is drained as soon as SQD is entered.
+    /// True while started send WQEs have not completed (in SQD: the queue is draining).
     pub(crate) fn sq_draining(&self) -> bool {
-        false
+        self.sq.front().is_some_and(|w| w.tx.started)
     }
 }
 
@@ -350,6 +380,7 @@ pub(crate) fn check_send_wr(qp: &Qp, wr: &SendWr<'_>, limits: &Limits) -> Result
         flags: wr.flags,
         signaled: qp.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
         length,
+        tx: WqeTx::default(),
     })
 }
 

@@ -1,9 +1,13 @@
 //! A slot table with stable `u32` indices, the storage behind every object kind of the HCA.
 //!
-//! Freed indices are reused in FIFO order, so a just-destroyed object's number is not handed
-//! out again at once (a late packet for a destroyed QP then finds nothing rather than a new QP).
+//! Freed indices are reused in FIFO order and only once more than [`REUSE_AFTER`] are free, so a
+//! just-destroyed object's number is not handed out again at once (a late packet for a
+//! destroyed QP then finds nothing rather than a new QP).
 
 use std::collections::VecDeque;
+
+/// Freed indices wait until more than this many are free before reuse.
+pub(crate) const REUSE_AFTER: usize = 64;
 
 /// Slots addressed by index; `insert` is O(1), lookups are O(1).
 #[derive(Debug)]
@@ -26,7 +30,12 @@ impl<T> Default for Table<T> {
 impl<T> Table<T> {
     /// Stores `value` and returns its index, or `None` when `u32` indices are exhausted.
     pub(crate) fn insert(&mut self, value: T) -> Option<u32> {
-        let index = match self.free.pop_front() {
+        let reuse = if self.free.len() > REUSE_AFTER {
+            self.free.pop_front()
+        } else {
+            None
+        };
+        let index = match reuse {
             Some(i) => i,
             None => {
                 let i = u32::try_from(self.slots.len()).ok()?;
@@ -58,10 +67,16 @@ impl<T> Table<T> {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// Number of slots, occupied or not (indices are below it).
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -73,8 +88,13 @@ mod tests {
         assert_eq!(t.remove(0), Some('a'));
         assert_eq!(t.remove(0), None);
         assert_eq!(t.insert('c'), Some(2));
+        assert_eq!(t.len(), 2);
+        for i in 0..REUSE_AFTER {
+            let idx = t.insert('x').unwrap();
+            t.remove(idx);
+            assert_ne!(idx, 0, "index 0 reused after {i} frees");
+        }
         assert_eq!(t.insert('d'), Some(0));
-        assert_eq!(t.len(), 3);
         assert_eq!(t.get(1), Some(&'b'));
         assert_eq!(t.get(7), None);
     }

@@ -13,6 +13,7 @@
 #![deny(unsafe_code)]
 
 mod channel;
+mod fabric;
 mod provider;
 mod region;
 

@@ -7,7 +7,7 @@
 //! fails every later call with `ErrorKind::Destroyed`.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::Path;
 use std::ptr::NonNull;
@@ -24,23 +24,46 @@ use verbs_api::{
 };
 
 use crate::channel::ChannelShared;
+use crate::fabric::{NodeMemory, PumpNode, Wire, pump};
 use crate::region::Region;
 
 /// One emulated device on the fabric.
 #[derive(Debug)]
 struct Node {
     hca: Hca,
-    /// MR memory by key index (`lkey >> 8`).
-    regions: HashMap<u32, Arc<Region>>,
+    mem: NodeMemory,
+    addr: SocketAddr,
     channels: HashMap<ChannelId, Arc<ChannelShared>>,
     events: VecDeque<AsyncEvent>,
+}
+
+impl PumpNode for Node {
+    fn parts(&mut self) -> (&mut Hca, &NodeMemory, SocketAddr) {
+        (&mut self.hca, &self.mem, self.addr)
+    }
+}
+
+impl Node {
+    /// Hands what the HCA produced to the application side: channel notifications and async
+    /// events.
+    fn deliver(&mut self) {
+        while let Some(n) = self.hca.poll_notification() {
+            if let Some(ch) = self.channels.get(&n.channel) {
+                ch.signal(n.cq.0);
+                self.hca.cq_event_delivered(n.cq);
+            }
+        }
+        while let Some(e) = self.hca.poll_event() {
+            self.events.push_back(e);
+        }
+    }
 }
 
 /// The shared state of all devices of one provider.
 #[derive(Debug)]
 struct FabricState {
     nodes: Vec<Node>,
-    now: Instant,
+    wire: Wire,
 }
 
 /// Builds a [`SimProvider`].
@@ -48,6 +71,7 @@ struct FabricState {
 pub struct SimBuilder {
     devices: usize,
     seed: u64,
+    latency: Duration,
 }
 
 impl Default for SimBuilder {
@@ -55,6 +79,7 @@ impl Default for SimBuilder {
         SimBuilder {
             devices: 2,
             seed: 0,
+            latency: Duration::from_micros(1),
         }
     }
 }
@@ -73,6 +98,12 @@ impl SimBuilder {
         self
     }
 
+    /// One-way latency of the in-memory wire, in virtual time (default 1 µs).
+    pub fn latency(mut self, latency: Duration) -> SimBuilder {
+        self.latency = latency;
+        self
+    }
+
     /// Creates the provider. `InvalidArgument` for more than 254 devices (the GID scheme
     /// holds 254).
     pub fn build(self) -> Result<SimProvider> {
@@ -84,9 +115,11 @@ impl SimBuilder {
                 let octet = u8::try_from(i + 1).unwrap_or(u8::MAX);
                 let gid = Gid::from_ip(IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet)));
                 let seed = self.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let config = HcaConfig::new(format!("softverbs{i}"), gid, seed);
                 Node {
-                    hca: Hca::new(HcaConfig::new(format!("softverbs{i}"), gid, seed)),
-                    regions: HashMap::new(),
+                    addr: SocketAddr::new(gid.to_ip(), config.udp_port),
+                    hca: Hca::new(config),
+                    mem: NodeMemory::default(),
                     channels: HashMap::new(),
                     events: VecDeque::new(),
                 }
@@ -95,7 +128,7 @@ impl SimBuilder {
         Ok(SimProvider {
             fabric: Arc::new(Mutex::new(FabricState {
                 nodes,
-                now: Instant::ZERO,
+                wire: Wire::new(self.latency),
             })),
         })
     }
@@ -188,24 +221,20 @@ pub struct SimContext {
 }
 
 impl SimContext {
-    /// Runs `f` on this device's node with the fabric locked, then delivers channel
-    /// notifications and moves async events to the node's event queue.
+    /// Runs `f` on this device's node with the fabric locked, then pumps the fabric (packets,
+    /// virtual time, timers) and delivers channel notifications and async events of every node.
     fn with_node<R>(&self, f: impl FnOnce(&mut Node, Instant) -> R) -> Result<R> {
         let mut state = lock(&self.dev.fabric);
-        let now = state.now;
+        let now = state.wire.now;
         let node = state
             .nodes
             .get_mut(self.dev.node)
             .ok_or_else(|| Error::new(ErrorKind::NotFound, "device vanished"))?;
         let r = f(node, now);
-        while let Some(n) = node.hca.poll_notification() {
-            if let Some(ch) = node.channels.get(&n.channel) {
-                ch.signal(n.cq.0);
-                node.hca.cq_event_delivered(n.cq);
-            }
-        }
-        while let Some(e) = node.hca.poll_event() {
-            node.events.push_back(e);
+        let FabricState { nodes, wire } = &mut *state;
+        pump(wire, nodes);
+        for node in nodes.iter_mut() {
+            node.deliver();
         }
         Ok(r)
     }
@@ -240,7 +269,7 @@ impl SimContext {
             let info = node
                 .hca
                 .reg_mr(pd.0.id, region.addr(), region.len() as u64, access)?;
-            node.regions.insert(info.lkey >> 8, region.clone());
+            node.mem.regions.insert(info.lkey >> 8, region.clone());
             Ok(info)
         })?;
         Ok(SimMr(Arc::new(MrInner {
@@ -489,7 +518,7 @@ struct MrInner {
     _pd: SimPd,
 }
 drop_destroys!(MrInner, |node, this| {
-    node.regions.remove(&(this.info.lkey >> 8));
+    node.mem.regions.remove(&(this.info.lkey >> 8));
     node.hca.dereg_mr(this.info.lkey)
 });
 
@@ -554,7 +583,7 @@ impl MemoryRegion for SimMr {
         let this = &self.0;
         this.ctx.with_live(&this.alive, "MR", |node, _| {
             node.hca.dereg_mr(this.info.lkey)?;
-            node.regions.remove(&(this.info.lkey >> 8));
+            node.mem.regions.remove(&(this.info.lkey >> 8));
             this.alive.store(false, Ordering::Release);
             Ok(())
         })

@@ -140,6 +140,36 @@ impl Region {
     }
 }
 
+impl Region {
+    /// Runs `op` atomically on the 8 bytes at `offset`, which must be 8-byte aligned in memory;
+    /// returns the original value.
+    pub(crate) fn atomic(
+        &self,
+        offset: usize,
+        op: emu_proto::AtomicOp,
+    ) -> Result<u64, OutOfBounds> {
+        self.check(offset, 8)?;
+        // SAFETY: offset + 8 <= len (checked), so the pointer stays inside the live region.
+        let ptr = unsafe { self.ptr.as_ptr().add(offset) };
+        if ptr as usize % 8 != 0 {
+            return Err(OutOfBounds);
+        }
+        // SAFETY: the 8 bytes are inside the region and 8-byte aligned (checked above), and all
+        // other accesses to them are atomic too.
+        let word = unsafe { AtomicU64::from_ptr(ptr.cast::<u64>()) };
+        let mut current = word.load(Ordering::SeqCst);
+        loop {
+            let Some(new) = op.apply(current) else {
+                return Ok(current);
+            };
+            match word.compare_exchange_weak(current, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(orig) => return Ok(orig),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -157,6 +187,22 @@ mod tests {
         assert_eq!(r.write(12, &[1, 2]), Err(OutOfBounds));
         assert_eq!(r.read(usize::MAX, &mut buf), Err(OutOfBounds));
         assert_eq!(r.read(13, &mut []), Ok(()));
+    }
+
+    #[test]
+    fn atomics_need_alignment_and_bounds() {
+        let r = Region::heap(16);
+        let add = emu_proto::AtomicOp::FetchAdd { add: 5 };
+        assert_eq!(r.atomic(8, add), Ok(0));
+        assert_eq!(r.atomic(8, add), Ok(5));
+        let cas = emu_proto::AtomicOp::CompareSwap {
+            compare: 10,
+            swap: 1,
+        };
+        assert_eq!(r.atomic(8, cas), Ok(10));
+        assert_eq!(r.atomic(8, cas), Ok(1));
+        assert_eq!(r.atomic(4, add), Err(OutOfBounds));
+        assert_eq!(r.atomic(16, add), Err(OutOfBounds));
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! This module knows, for every RC opcode, which extension headers follow the BTH, how long the
 //! fixed headers are, whether a payload may follow and how the opcode sits in a message
-//! (first/middle/last/only). It does not parse bytes (see the packet module) and knows nothing
-//! about UC, UD, CNP or the IBTA 1.5 FLUSH/ATOMIC_WRITE extensions: those decode to
+//! (first/middle/last/only). It does not parse bytes (see [`super::PacketRepr`]) and knows
+//! nothing about UC, UD, CNP or the IBTA 1.5 FLUSH/ATOMIC_WRITE extensions: those decode to
 //! [`Opcode::Unknown`].
 
 /// An 8-bit BTH opcode, rc-transport.md §1.2/§1.3.
@@ -59,7 +59,8 @@ pub enum Opcode {
     SendLastWithInvalidate,
     /// `SEND_ONLY_WITH_INVALIDATE` (0x17).
     SendOnlyWithInvalidate,
-    /// Any byte that is not a named RC opcode (rc-transport.md §1.3: reserved 0x15, UC, UD, CNP...).
+    /// Any byte that is not a named RC opcode (rc-transport.md §1.3): reserved 0x15, UC, UD,
+    /// CNP, ...
     Unknown(u8),
 }
 

@@ -1,0 +1,369 @@
+//! The completer (rxe `rxe_comp.c`): ACKs, NAKs, READ responses and atomic ACKs retire send
+//! WQEs in order; timers drive go-back-N retransmission; exhausted retries fail the QP
+//! (rc-transport.md §2.8–§2.10, §3.5–§3.9).
+
+use verbs_api::{
+    AccessFlags, AsyncEventKind, EventElement, QpState, SendOp, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::requester::{position, sg_copy};
+use super::{Ctx, ack_timeout, nak_status};
+use crate::memory::MemoryFault;
+use crate::qp::{Qp, SendWqe};
+use crate::wire::{NakCode, Opcode, PacketRepr, Position, Psn, Syndrome};
+
+/// What the completer asks of the HCA after handling a response.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Nothing more to do.
+    Done,
+    /// A WQE completed with an error: the QP must move to ERR and flush.
+    Fatal,
+}
+
+/// Handles one response packet (ACK, NAK, READ response, atomic ACK) for `qp`.
+pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdict {
+    let psn = pkt.bth.psn;
+    let rc = &mut qp.rc;
+    // Only PSNs we sent and have not seen acknowledged are interesting (§2.10).
+    let in_window =
+        !psn.is_before(rc.comp_psn.wrapping_add(0xFF_FFFF)) && psn.is_before(rc.req_psn);
+    if !in_window {
+        rc.stats.duplicate_response += 1;
+        return Verdict::Done;
+    }
+    let op = pkt.bth.opcode;
+    let verdict = if op == Opcode::Acknowledge {
+        match pkt.aeth.map(|a| a.syndrome) {
+            Some(Syndrome::Ack { .. }) => {
+                ack_through(qp, ctx, psn);
+                Verdict::Done
+            }
+            Some(Syndrome::RnrNak { timer }) => {
+                ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
+                rnr_nak(qp, ctx, psn, timer.duration())
+            }
+            Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
+                qp.rc.stats.rcvd_seq_err += 1;
+                ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
+                if psn.is_before(qp.rc.comp_psn) {
+                    Verdict::Done
+                } else {
+                    nak_retry(qp, ctx)
+                }
+            }
+            Some(Syndrome::Nak(code)) => {
+                ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
+                fail_head(qp, ctx, nak_status(code))
+            }
+            _ => {
+                qp.rc.stats.dropped += 1;
+                Verdict::Done
+            }
+        }
+    } else if op.is_read_response() {
+        read_response(qp, ctx, pkt)
+    } else if op == Opcode::AtomicAcknowledge {
+        atomic_ack(qp, ctx, pkt)
+    } else {
+        qp.rc.stats.dropped += 1;
+        Verdict::Done
+    };
+    if verdict == Verdict::Done {
+        return complete_head_errors(qp, ctx);
+    }
+    verdict
+}
+
+/// An ACK (explicit or implied) for every PSN up to and including `psn`: retires SEND and WRITE
+/// WQEs whose last PSN it covers. An ACK past an unanswered READ/atomic means its responses were
+/// lost: retry (§2.8).
+fn ack_through(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn) {
+    let mut new_comp = psn.wrapping_add(1);
+    if !new_comp.is_after(qp.rc.comp_psn) {
+        return;
+    }
+    while let Some(head) = qp.sq.front() {
+        let t = head.tx;
+        if !t.started || t.error.is_some() {
+            break;
+        }
+        if head.op.is_read_or_atomic() {
+            if !psn.is_before(t.first_psn) {
+                // Implicit ACK beyond a READ/atomic whose response never came (§2.8).
+                new_comp = t.first_psn;
+                if !qp.rc.started_retry {
+                    qp.rc.started_retry = true;
+                    qp.rc.retry_by_timeout = false;
+                    qp.rc.comp_psn = new_comp;
+                    rewind(qp);
+                    return;
+                }
+            }
+            break;
+        }
+        if psn.is_before(t.last_psn()) || t.next_pkt < t.npkts {
+            break;
+        }
+        complete_head(qp, ctx, WcStatus::Success);
+    }
+    progress(qp, ctx, new_comp);
+}
+
+/// Records that the responder acknowledged everything before `comp`.
+fn progress(qp: &mut Qp, ctx: &mut Ctx<'_>, comp: Psn) {
+    let rc = &mut qp.rc;
+    if !comp.is_after(rc.comp_psn) {
+        return;
+    }
+    rc.comp_psn = comp;
+    // Progress reloads both retry counters and ends the retry burst (§3.7).
+    rc.retry_left = qp.attr.retry_cnt;
+    rc.rnr_retry_left = qp.attr.rnr_retry;
+    rc.started_retry = false;
+    rc.retransmit_at = if rc.comp_psn == rc.req_psn {
+        None
+    } else {
+        ack_timeout(qp.attr.timeout).map(|d| ctx.now + d)
+    };
+}
+
+/// Retires the head WQE with `status`, reporting it if signaled or failed (IBA 10.7.3.1: an
+/// error always generates a completion).
+fn complete_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
+    let Some(wqe) = qp.sq.pop_front() else {
+        return;
+    };
+    qp.rc.req_index = qp.rc.req_index.saturating_sub(1);
+    if wqe.tx.holds_slot {
+        qp.rc.rd_atomic_outstanding = qp.rc.rd_atomic_outstanding.saturating_sub(1);
+    }
+    if wqe.signaled || status != WcStatus::Success {
+        let wc = WorkCompletion {
+            wr_id: wqe.wr_id,
+            status,
+            opcode: wc_opcode(&wqe),
+            byte_len: if status == WcStatus::Success {
+                u32::try_from(wqe.length).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
+            qp_num: qp.qpn,
+            ..WorkCompletion::default()
+        };
+        ctx.wcs.push((qp.send_cq, wc, false));
+    }
+    if qp.rc.sqd_notify && !qp.sq_draining() {
+        qp.rc.sqd_notify = false;
+        ctx.events.push_back(verbs_api::AsyncEvent {
+            kind: AsyncEventKind::SqDrained,
+            element: EventElement::Qp(qp.qpn),
+        });
+    }
+}
+
+/// Completes a head WQE the requester marked with a local error (in order, once every WQE
+/// before it completed).
+pub(crate) fn complete_head_errors(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
+    match qp.sq.front().and_then(|w| w.tx.error) {
+        Some(status) => fail_head(qp, ctx, status),
+        None => Verdict::Done,
+    }
+}
+
+/// Fails the head WQE with `status`; the QP must enter ERR.
+fn fail_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) -> Verdict {
+    complete_head(qp, ctx, status);
+    Verdict::Fatal
+}
+
+/// The send-side completion opcode of a WQE.
+pub(crate) fn wc_opcode(wqe: &SendWqe) -> WcOpcode {
+    match wqe.op {
+        SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+        SendOp::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
+        SendOp::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
+    }
+}
+
+/// Go-back-N: resend from `comp_psn`, resuming the head WQE at its first unacknowledged packet
+/// and every later started WQE from scratch with its original PSNs (§3.8).
+pub(crate) fn rewind(qp: &mut Qp) {
+    let comp = qp.rc.comp_psn;
+    qp.rc.req_psn = comp;
+    qp.rc.req_index = 0;
+    for (i, wqe) in qp.sq.iter_mut().enumerate() {
+        if !wqe.tx.started {
+            break;
+        }
+        wqe.tx.next_pkt = if i == 0 {
+            u32::try_from(comp.diff(wqe.tx.first_psn).max(0))
+                .unwrap_or(0)
+                .min(wqe.tx.npkts)
+        } else {
+            0
+        };
+        if wqe.op.is_atomic() {
+            wqe.tx.next_pkt = 0;
+        }
+    }
+    if let Some(head) = qp.sq.front() {
+        if head.tx.started && head.tx.next_pkt < head.tx.npkts {
+            qp.rc.req_psn = head.tx.first_psn.wrapping_add(head.tx.next_pkt);
+        }
+    }
+}
+
+/// A PSN sequence NAK: retry from the NAKed PSN unless a retry burst is already under way.
+fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
+    if qp.rc.started_retry {
+        return Verdict::Done;
+    }
+    retry(qp, ctx, false)
+}
+
+/// Starts a retry, or fails the head WQE with RETRY_EXC_ERR when `retry_cnt` is used up.
+/// `retry_cnt` 7 means seven retries, as IBTA and hardware (rxe treats it as infinite;
+/// DIVERGENCES.md).
+fn retry(qp: &mut Qp, ctx: &mut Ctx<'_>, by_timeout: bool) -> Verdict {
+    if qp.rc.retry_left == 0 {
+        qp.rc.stats.retry_exceeded_err += 1;
+        return fail_head(qp, ctx, WcStatus::RetryExcErr);
+    }
+    qp.rc.retry_left -= 1;
+    qp.rc.started_retry = !by_timeout;
+    qp.rc.retry_by_timeout = by_timeout;
+    qp.rc.retransmit_at = None;
+    rewind(qp);
+    Verdict::Done
+}
+
+/// An RNR NAK for `psn`: wait `delay`, then resend from `psn`; `rnr_retry` 7 is infinite.
+fn rnr_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, delay: std::time::Duration) -> Verdict {
+    qp.rc.stats.rcvd_rnr_err += 1;
+    if psn != qp.rc.comp_psn {
+        return Verdict::Done;
+    }
+    if qp.attr.rnr_retry != 7 {
+        if qp.rc.rnr_retry_left == 0 {
+            qp.rc.stats.retry_rnr_exceeded_err += 1;
+            return fail_head(qp, ctx, WcStatus::RnrRetryExcErr);
+        }
+        qp.rc.rnr_retry_left -= 1;
+    }
+    // No retry of any kind until the RNR timer expires (§3.7 "RNR wait").
+    qp.rc.retransmit_at = None;
+    qp.rc.rnr_at = Some(ctx.now + delay);
+    Verdict::Done
+}
+
+/// Timer expiry: the RNR wait ends with a resend; the local ACK timeout retries.
+pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
+    if !matches!(qp.state(), QpState::Rts | QpState::Sqd) {
+        qp.rc.retransmit_at = None;
+        qp.rc.rnr_at = None;
+        return Verdict::Done;
+    }
+    if qp.rc.rnr_at.is_some_and(|t| t <= ctx.now) {
+        qp.rc.rnr_at = None;
+        qp.rc.retry_by_timeout = false;
+        rewind(qp);
+    }
+    if qp.rc.retransmit_at.is_some_and(|t| t <= ctx.now) {
+        qp.rc.retransmit_at = None;
+        if qp.rc.comp_psn != qp.rc.req_psn && qp.rc.rnr_at.is_none() {
+            qp.rc.stats.timeout_retries += 1;
+            return retry(qp, ctx, true);
+        }
+    }
+    Verdict::Done
+}
+
+/// A READ response packet (§2.8, §2.10, §3.9).
+fn read_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdict {
+    let psn = pkt.bth.psn;
+    // Responses imply ACKs for the SENDs and WRITEs before them.
+    ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
+    if psn != qp.rc.comp_psn {
+        // Older: a duplicate. Newer: earlier responses were lost; the timer recovers (§2.10).
+        qp.rc.stats.duplicate_response += 1;
+        return Verdict::Done;
+    }
+    let mtu = qp.attr.path_mtu.bytes();
+    let Some(head) = qp.sq.front() else {
+        return Verdict::Done;
+    };
+    let t = head.tx;
+    if !matches!(head.op, SendOp::RdmaRead { .. }) || !t.started {
+        return fail_head(qp, ctx, WcStatus::BadRespErr);
+    }
+    let i = u32::try_from(psn.diff(t.first_psn)).unwrap_or(u32::MAX);
+    if i >= t.npkts || i < t.read_from {
+        return fail_head(qp, ctx, WcStatus::BadRespErr);
+    }
+    // Opcode position relative to the latest (possibly partial, §3.8) request.
+    let expected = position(i - t.read_from, t.npkts - t.read_from);
+    let offset = u64::from(i) * u64::from(mtu);
+    let want = head.length.saturating_sub(offset).min(u64::from(mtu));
+    if pkt.bth.opcode.position() != Some(expected) || pkt.payload.len() as u64 != want {
+        return fail_head(qp, ctx, WcStatus::BadRespErr);
+    }
+    let placed = sg_copy(
+        ctx,
+        &head.sges,
+        offset,
+        pkt.payload.len(),
+        |key, at, range| ctx.mem.write(key, at, &pkt.payload[range]),
+    );
+    if placed.is_err() || !local_writable(qp, ctx) {
+        return fail_head(qp, ctx, WcStatus::LocProtErr);
+    }
+    qp.rc.stats.rcvd_bytes += want;
+    progress(qp, ctx, psn.wrapping_add(1));
+    if matches!(expected, Position::Last | Position::Only) {
+        complete_head(qp, ctx, WcStatus::Success);
+    }
+    Verdict::Done
+}
+
+/// True if the head WQE's SGEs still name MRs with LOCAL_WRITE (they were checked at start;
+/// an MR may have been deregistered since).
+fn local_writable(qp: &Qp, ctx: &Ctx<'_>) -> bool {
+    qp.sq.front().is_some_and(|w| {
+        w.sges.iter().filter(|s| s.length != 0).all(|s| {
+            ctx.mr(s.lkey, qp.pd)
+                .is_some_and(|m| m.access.contains(AccessFlags::LOCAL_WRITE))
+        })
+    })
+}
+
+/// An ATOMIC ACKNOWLEDGE: the original value lands in the local 8-byte SGE (§4.6).
+fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdict {
+    let psn = pkt.bth.psn;
+    ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
+    if psn != qp.rc.comp_psn {
+        qp.rc.stats.duplicate_response += 1;
+        return Verdict::Done;
+    }
+    let Some(head) = qp.sq.front() else {
+        return Verdict::Done;
+    };
+    if !head.op.is_atomic() || !head.tx.started || head.tx.first_psn != psn {
+        return fail_head(qp, ctx, WcStatus::BadRespErr);
+    }
+    let Some(orig) = pkt.atomic_ack_eth.map(|a| a.orig_remote_data) else {
+        return fail_head(qp, ctx, WcStatus::BadRespErr);
+    };
+    let bytes = orig.to_ne_bytes();
+    let placed: Result<(), MemoryFault> = sg_copy(ctx, &head.sges, 0, 8, |key, at, range| {
+        ctx.mem.write(key, at, &bytes[range])
+    });
+    if placed.is_err() || !local_writable(qp, ctx) {
+        return fail_head(qp, ctx, WcStatus::LocProtErr);
+    }
+    progress(qp, ctx, psn.wrapping_add(1));
+    complete_head(qp, ctx, WcStatus::Success);
+    Verdict::Done
+}

@@ -1,0 +1,204 @@
+//! The InfiniBand RC transport: requester, completer and responder (rc-transport.md §2–§4),
+//! after rxe's `rxe_req.c`, `rxe_comp.c` and `rxe_resp.c`.
+//!
+//! Everything here is sans-IO: functions take the QP, a [`Ctx`] (time, MR table, memory,
+//! completion and event sinks) and packets, and they produce packets into caller buffers,
+//! completions and timer deadlines. The HCA (`crate::hca`) routes packets to QPs, drains
+//! transmits and keeps the timer index.
+//!
+//! It is not a general IB transport: UC, UD, RD, memory windows, credits (rxe ignores them too;
+//! we always advertise unlimited credits, §1.5) and automatic path migration are out of scope.
+
+pub(crate) mod completer;
+pub(crate) mod requester;
+pub(crate) mod responder;
+pub(crate) mod tx;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use verbs_api::{AccessFlags, AsyncEvent, WcStatus, WorkCompletion};
+
+use crate::hca::{CqId, MrInfo, PdId, SrqEntry};
+use crate::memory::Memory;
+use crate::stats::Stats;
+use crate::table::Table;
+use crate::time::Instant;
+use crate::wire::{NakCode, Psn};
+
+pub(crate) use tx::MAX_PACKET_LEN;
+
+/// At most this many un-ACKed PSNs per QP, as rxe (`RXE_MAX_UNACKED_PSNS`, rc-transport.md
+/// §2.11); bounds the retransmission work and the peer's receive buffer.
+pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
+
+/// Set AckReq at least every this many packets inside long messages (rxe: 64, §2.7).
+pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
+
+/// The local ACK timeout: 4.096 µs × 2^`timeout`; `None` for 0 = infinite (§3.5).
+pub(crate) fn ack_timeout(timeout: u8) -> Option<Duration> {
+    (timeout != 0).then(|| Duration::from_nanos(4096u64 << timeout.min(31)))
+}
+
+/// What the engine needs from the HCA besides the QP.
+pub(crate) struct Ctx<'a> {
+    pub(crate) now: Instant,
+    pub(crate) mrs: &'a Table<MrInfo>,
+    pub(crate) srqs: &'a mut Table<SrqEntry>,
+    pub(crate) mem: &'a dyn Memory,
+    /// Completions to push, in order: (CQ, completion, solicited).
+    pub(crate) wcs: &'a mut Vec<(CqId, WorkCompletion, bool)>,
+    pub(crate) events: &'a mut VecDeque<AsyncEvent>,
+}
+
+impl Ctx<'_> {
+    /// The MR `key` names if it is registered in `pd`.
+    pub(crate) fn mr(&self, key: u32, pd: PdId) -> Option<&MrInfo> {
+        self.mrs
+            .get(key >> 8)
+            .filter(|m| m.lkey == key && m.length != 0 && m.pd == pd)
+    }
+
+    /// Resolves `va..va+len` in MR `key` of `pd` with `need` rights: the MR key and the offset
+    /// of `va` from the MR's start (rc-transport.md §4.4, §7.4).
+    pub(crate) fn resolve(
+        &self,
+        key: u32,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Option<(u32, u64)> {
+        let mr = self.mr(key, pd)?;
+        if !mr.access.contains(need) {
+            return None;
+        }
+        let offset = va.checked_sub(mr.iova)?;
+        let end = offset.checked_add(len)?;
+        (end <= mr.length).then_some((key, offset))
+    }
+}
+
+/// The per-QP transport state. Reset to `default()` whenever the QP enters RESET.
+#[derive(Debug, Default)]
+pub(crate) struct RcState {
+    // ---- requester/completer (send side) ----
+    /// PSN of the next request packet.
+    pub(crate) req_psn: Psn,
+    /// Oldest PSN not yet acknowledged (the completer's expected response PSN).
+    pub(crate) comp_psn: Psn,
+    /// Index in the send queue of the next WQE to (re)transmit from.
+    pub(crate) req_index: usize,
+    /// READ/atomic WQEs started and not completed.
+    pub(crate) rd_atomic_outstanding: u32,
+    pub(crate) retry_left: u8,
+    pub(crate) rnr_retry_left: u8,
+    /// A NAK already started a retry; only a timeout may start another until progress.
+    pub(crate) started_retry: bool,
+    pub(crate) retransmit_at: Option<Instant>,
+    /// Waiting out an RNR NAK: nothing is sent until then (§3.7 "RNR wait").
+    pub(crate) rnr_at: Option<Instant>,
+    /// `SQ_DRAINED` is owed when the started WQEs complete in SQD.
+    pub(crate) sqd_notify: bool,
+    /// One past the highest PSN ever sent: packets before it are retransmissions.
+    pub(crate) sent_high: Psn,
+    /// The current retry was started by the local ACK timeout (else by a NAK).
+    pub(crate) retry_by_timeout: bool,
+    // ---- responder (receive side) ----
+    pub(crate) epsn: Psn,
+    pub(crate) msn: u32,
+    /// A PSN sequence NAK was sent for the current gap (§2.6: one per gap).
+    pub(crate) seq_nak_sent: bool,
+    pub(crate) msg: InMsg,
+    /// READ/atomic responder resources, oldest first, at most `max_dest_rd_atomic`.
+    pub(crate) resources: VecDeque<Resource>,
+    pub(crate) responses: VecDeque<Response>,
+    // ---- bookkeeping ----
+    pub(crate) stats: Stats,
+    /// The deadline registered in the HCA's timer index.
+    pub(crate) timer_key: Option<Instant>,
+    /// In the HCA's ready queue.
+    pub(crate) queued: bool,
+}
+
+impl RcState {
+    /// The earliest timer deadline.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match (self.retransmit_at, self.rnr_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// An inbound multi-packet message in progress at the responder.
+#[derive(Debug, Default)]
+pub(crate) enum InMsg {
+    /// No message open: the next request must be FIRST, ONLY, READ or an atomic.
+    #[default]
+    None,
+    /// A SEND: its receive WQE and the bytes placed so far.
+    Send {
+        wqe: crate::qp::RecvWqe,
+        placed: u64,
+        capacity: u64,
+    },
+    /// An RDMA WRITE: the target and the bytes still expected.
+    Write {
+        key: u32,
+        offset: u64,
+        remaining: u64,
+        total: u32,
+    },
+}
+
+/// A READ or atomic the responder executed, kept for duplicate handling (§4.5).
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Resource {
+    pub(crate) first_psn: Psn,
+    pub(crate) last_psn: Psn,
+    pub(crate) kind: ResourceKind,
+}
+
+/// What a [`Resource`] remembers.
+#[derive(Copy, Clone, Debug)]
+pub(crate) enum ResourceKind {
+    Read { va: u64, rkey: u32, len: u32 },
+    Atomic { orig: u64 },
+}
+
+/// A response the responder owes the requester, sent in order.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Response {
+    /// ACK for `psn`.
+    Ack { psn: Psn },
+    /// NAK (sequence, invalid request, remote access, remote operational) for `psn`.
+    Nak { psn: Psn, code: NakCode },
+    /// RNR NAK for `psn` carrying our `min_rnr_timer`.
+    RnrNak { psn: Psn },
+    /// ATOMIC ACKNOWLEDGE for `psn` with the original value.
+    AtomicAck { psn: Psn, orig: u64 },
+    /// READ responses `first_psn + sent ..` of a read of `len` bytes at `va`.
+    Read {
+        first_psn: Psn,
+        va: u64,
+        rkey: u32,
+        len: u32,
+        sent: u32,
+    },
+}
+
+/// Maps a NAK code to the requester's completion status (rc-transport.md §3.9).
+pub(crate) fn nak_status(code: NakCode) -> WcStatus {
+    match code {
+        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+        _ => WcStatus::RemOpErr,
+    }
+}
+
+/// Number of packets a message of `len` bytes takes at `mtu`: at least one (§2.4, §3.1).
+pub(crate) fn packets(len: u64, mtu: u32) -> u32 {
+    let n = len.div_ceil(u64::from(mtu)).max(1);
+    u32::try_from(n).unwrap_or(u32::MAX)
+}

@@ -1,0 +1,704 @@
+//! The responder (rxe `rxe_resp.c`): checks and executes incoming requests and queues the
+//! responses (rc-transport.md §4), in rxe's stage order: `check_psn`, `check_op_seq`,
+//! `check_op_valid`, `check_resource`, `check_length`, `check_rkey`, `execute`, `complete`,
+//! `acknowledge`.
+//!
+//! Each check either passes or yields a [`Disposition`]; only `execute` touches memory.
+
+use std::net::IpAddr;
+
+use verbs_api::{
+    AccessFlags, AsyncEventKind, EventElement, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::requester::{position, sg_copy};
+use super::tx::{self, TxError};
+use super::{Ctx, InMsg, Resource, ResourceKind, Response, packets};
+use crate::memory::AtomicOp;
+use crate::qp::{Qp, RecvWqe};
+use crate::wire::ip::udp_sport;
+use crate::wire::{
+    AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, Position, Psn, RnrTimer,
+    Syndrome,
+};
+
+/// How many responses a QP may have queued; beyond it, new requests are dropped (the requester
+/// retries). Bounds the memory a peer can make us spend.
+const MAX_QUEUED_RESPONSES: usize = 256;
+
+/// The largest RDMA message (RETH DMA length, C9-94).
+const MAX_DMA_LEN: u32 = 0x8000_0000;
+
+/// What happened to one request, after the stages.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Disposition {
+    /// Accepted (and possibly acknowledged).
+    Accepted,
+    /// Dropped without changing state (duplicates with nothing to replay, queue full, gaps).
+    Dropped,
+    /// A class A/C error: a NAK was queued and the QP must enter ERR.
+    Fatal,
+}
+
+/// A responder error: the NAK to send and, if a receive WQE was consumed, its status.
+struct Reject {
+    nak: NakCode,
+    recv_status: Option<WcStatus>,
+}
+
+fn reject(nak: NakCode) -> Reject {
+    Reject {
+        nak,
+        recv_status: None,
+    }
+}
+
+/// Handles one request packet for `qp` (state RTR, RTS or SQD).
+pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
+    if qp.rc.responses.len() >= MAX_QUEUED_RESPONSES {
+        qp.rc.stats.dropped += 1;
+        return Disposition::Dropped;
+    }
+    // check_psn (§2.6)
+    let psn = pkt.bth.psn;
+    let d = psn.diff(qp.rc.epsn);
+    if d > 0 {
+        qp.rc.stats.out_of_seq_request += 1;
+        if !qp.rc.seq_nak_sent {
+            qp.rc.seq_nak_sent = true;
+            qp.rc.stats.seq_naks_sent += 1;
+            let epsn = qp.rc.epsn;
+            qp.rc.responses.push_back(Response::Nak {
+                psn: epsn,
+                code: NakCode::PsnSequenceError,
+            });
+        }
+        return Disposition::Dropped;
+    }
+    if d < 0 {
+        qp.rc.stats.duplicate_request += 1;
+        return duplicate(qp, pkt);
+    }
+    match execute_in_order(qp, ctx, pkt) {
+        Ok(d) => d,
+        Err(r) => {
+            if let Some(status) = r.recv_status {
+                if let InMsg::Send { wqe, .. } = std::mem::take(&mut qp.rc.msg) {
+                    ctx.wcs
+                        .push((qp.recv_cq, recv_error(qp, &wqe, status), false));
+                }
+            }
+            qp.rc
+                .responses
+                .push_back(Response::Nak { psn, code: r.nak });
+            Disposition::Fatal
+        }
+    }
+}
+
+fn recv_error(qp: &Qp, wqe: &RecvWqe, status: WcStatus) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: wqe.wr_id,
+        status,
+        opcode: WcOpcode::Recv,
+        qp_num: qp.qpn,
+        ..WorkCompletion::default()
+    }
+}
+
+/// The stages for an in-order request.
+fn execute_in_order(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_>,
+    pkt: &PacketRepr<'_>,
+) -> Result<Disposition, Reject> {
+    let op = pkt.bth.opcode;
+    let psn = pkt.bth.psn;
+    let mtu = u64::from(qp.attr.path_mtu.bytes());
+    let pos = op
+        .position()
+        .ok_or_else(|| reject(NakCode::InvalidRequest))?;
+    let n = pkt.payload.len() as u64;
+
+    // check_op_seq (§4.3): a message is open exactly while MIDDLE/LAST packets are expected.
+    let open_send = matches!(qp.rc.msg, InMsg::Send { .. });
+    let open_write = matches!(qp.rc.msg, InMsg::Write { .. });
+    let continues = matches!(pos, Position::Middle | Position::Last);
+    let seq_ok = match (continues, op.is_send(), op.is_write()) {
+        (true, true, _) => open_send,
+        (true, _, true) => open_write,
+        (false, _, _) => !open_send && !open_write,
+        _ => false,
+    };
+    if !seq_ok {
+        return Err(reject(NakCode::InvalidRequest));
+    }
+
+    // check_op_valid (§4.3): the QP's access flags; rxe answers INVALID_REQUEST here.
+    let access = qp.attr.qp_access_flags;
+    let need = if op.is_write() {
+        Some(AccessFlags::REMOTE_WRITE)
+    } else if op == Opcode::RdmaReadRequest {
+        Some(AccessFlags::REMOTE_READ)
+    } else if matches!(op, Opcode::CompareSwap | Opcode::FetchAdd) {
+        Some(AccessFlags::REMOTE_ATOMIC)
+    } else {
+        None
+    };
+    if need.is_some_and(|need| !access.contains(need)) {
+        return Err(reject(NakCode::InvalidRequest));
+    }
+    let rd = matches!(
+        op,
+        Opcode::RdmaReadRequest | Opcode::CompareSwap | Opcode::FetchAdd
+    );
+    if rd && qp.attr.max_dest_rd_atomic == 0 {
+        return Err(reject(NakCode::InvalidRequest));
+    }
+
+    // check_length (§1.7), before anything is consumed.
+    let length_ok = match pos {
+        _ if !op.has_payload() => true,
+        Position::First | Position::Middle => n == mtu,
+        Position::Last => n >= 1 && n <= mtu,
+        Position::Only => n <= mtu,
+    };
+    if !length_ok {
+        return Err(reject(NakCode::InvalidRequest));
+    }
+
+    match op {
+        Opcode::RdmaReadRequest => read_request(qp, ctx, pkt),
+        Opcode::CompareSwap | Opcode::FetchAdd => atomic(qp, ctx, pkt),
+        _ if op.is_write() => write(qp, ctx, pkt, pos),
+        _ if op.is_send() => send(qp, ctx, pkt, pos),
+        _ => Err(reject(NakCode::InvalidRequest)),
+    }
+    .inspect(|d| {
+        if *d == Disposition::Accepted {
+            accept(qp, pkt.bth.ack_req && !rd, psn);
+        }
+    })
+}
+
+/// Commits an accepted in-order SEND/WRITE packet: ePSN advances; AckReq asks for an ACK,
+/// coalesced with one still queued (§2.7, §4.7).
+fn accept(qp: &mut Qp, ack: bool, psn: Psn) {
+    let rc = &mut qp.rc;
+    rc.seq_nak_sent = false;
+    rc.stats.rcvd_pkts += 1;
+    if rc.epsn == psn {
+        rc.epsn = psn.wrapping_add(1);
+    }
+    if ack {
+        match rc.responses.back_mut() {
+            Some(Response::Ack { psn: queued }) => *queued = psn,
+            _ => rc.responses.push_back(Response::Ack { psn }),
+        }
+    }
+}
+
+/// Takes the next receive WQE from the QP's RQ or its SRQ, raising SRQ_LIMIT_REACHED when the
+/// SRQ falls below an armed limit.
+fn take_recv_wqe(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Option<RecvWqe> {
+    let Some(srq) = qp.srq else {
+        return qp.rq.pop_front();
+    };
+    let entry = ctx.srqs.get_mut(srq.0)?;
+    let wqe = entry.queue.pop_front()?;
+    let limit = entry.attr.srq_limit;
+    if limit != 0 && (entry.queue.len() as u64) < u64::from(limit) {
+        entry.attr.srq_limit = 0;
+        ctx.events.push_back(verbs_api::AsyncEvent {
+            kind: AsyncEventKind::SrqLimitReached,
+            element: EventElement::Srq(srq.0),
+        });
+    }
+    Some(wqe)
+}
+
+/// Queues an RNR NAK (§4.2): the request is dropped, the QP stays in RTS.
+fn rnr(qp: &mut Qp, psn: Psn) -> Disposition {
+    qp.rc.stats.send_rnr_err += 1;
+    qp.rc.responses.push_back(Response::RnrNak { psn });
+    Disposition::Dropped
+}
+
+fn send(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_>,
+    pkt: &PacketRepr<'_>,
+    pos: Position,
+) -> Result<Disposition, Reject> {
+    let psn = pkt.bth.psn;
+    if matches!(pos, Position::First | Position::Only) {
+        // check_resource: SEND_FIRST/ONLY consume a receive WQE (§4.2).
+        let Some(wqe) = take_recv_wqe(qp, ctx) else {
+            return Ok(rnr(qp, psn));
+        };
+        let capacity = wqe.sges.iter().map(|s| u64::from(s.length)).sum();
+        // A malformed receive WQE (bad lkey, no LOCAL_WRITE, range) is class A (§4.3).
+        let bad = wqe.sges.iter().filter(|s| s.length != 0).any(|s| {
+            ctx.resolve(
+                s.lkey,
+                qp.pd,
+                s.addr,
+                u64::from(s.length),
+                AccessFlags::LOCAL_WRITE,
+            )
+            .is_none()
+        });
+        qp.rc.msg = InMsg::Send {
+            wqe,
+            placed: 0,
+            capacity,
+        };
+        if bad {
+            return Err(Reject {
+                nak: NakCode::RemoteOperationalError,
+                recv_status: Some(WcStatus::LocQpOpErr),
+            });
+        }
+    }
+    let InMsg::Send {
+        wqe,
+        placed,
+        capacity,
+    } = &mut qp.rc.msg
+    else {
+        return Err(reject(NakCode::InvalidRequest));
+    };
+    let n = pkt.payload.len() as u64;
+    if *placed + n > *capacity {
+        // The receive buffers are too small: LOC_LEN_ERR at the responder (§4.3).
+        return Err(Reject {
+            nak: NakCode::InvalidRequest,
+            recv_status: Some(WcStatus::LocLenErr),
+        });
+    }
+    let at = *placed;
+    let written = sg_copy(ctx, &wqe.sges, at, pkt.payload.len(), |key, off, range| {
+        ctx.mem.write(key, off, &pkt.payload[range])
+    });
+    if written.is_err() {
+        return Err(Reject {
+            nak: NakCode::RemoteOperationalError,
+            recv_status: Some(WcStatus::LocQpOpErr),
+        });
+    }
+    *placed += n;
+    qp.rc.stats.rcvd_bytes += n;
+    if matches!(pos, Position::Last | Position::Only) {
+        let InMsg::Send { wqe, placed, .. } = std::mem::take(&mut qp.rc.msg) else {
+            return Err(reject(NakCode::InvalidRequest));
+        };
+        let imm = pkt.immdt.map(|i| i.imm);
+        let wc = WorkCompletion {
+            wr_id: wqe.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: u32::try_from(placed).unwrap_or(u32::MAX),
+            imm_data: imm.unwrap_or(0),
+            wc_flags: if imm.is_some() {
+                WcFlags::WITH_IMM
+            } else {
+                WcFlags::empty()
+            },
+            qp_num: qp.qpn,
+            src_qp: qp.attr.dest_qp_num,
+            ..WorkCompletion::default()
+        };
+        ctx.wcs.push((qp.recv_cq, wc, pkt.bth.solicited));
+        qp.rc.msn = qp.rc.msn.wrapping_add(1) & 0xFF_FFFF;
+    }
+    Ok(Disposition::Accepted)
+}
+
+fn write(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_>,
+    pkt: &PacketRepr<'_>,
+    pos: Position,
+) -> Result<Disposition, Reject> {
+    let psn = pkt.bth.psn;
+    let n = pkt.payload.len() as u64;
+    let last = matches!(pos, Position::Last | Position::Only);
+    let imm = pkt.immdt.map(|i| i.imm);
+    // check_resource: WRITE_*_WITH_IMMEDIATE consume a receive WQE at the last packet (§1.3).
+    if imm.is_some() {
+        let available = match qp.srq {
+            Some(srq) => ctx.srqs.get(srq.0).is_some_and(|s| !s.queue.is_empty()),
+            None => !qp.rq.is_empty(),
+        };
+        if !available {
+            return Ok(rnr(qp, psn));
+        }
+    }
+    if matches!(pos, Position::First | Position::Only) {
+        let reth = pkt.reth.ok_or_else(|| reject(NakCode::InvalidRequest))?;
+        if reth.dma_len > MAX_DMA_LEN {
+            return Err(reject(NakCode::InvalidRequest));
+        }
+        // check_rkey (§4.4); a zero-length WRITE is not validated (C9-88).
+        let (key, offset) = if reth.dma_len == 0 {
+            (0, 0)
+        } else {
+            ctx.resolve(
+                reth.rkey,
+                qp.pd,
+                reth.va,
+                u64::from(reth.dma_len),
+                AccessFlags::REMOTE_WRITE,
+            )
+            .ok_or_else(|| reject(NakCode::RemoteAccessError))?
+        };
+        qp.rc.msg = InMsg::Write {
+            key,
+            offset,
+            remaining: u64::from(reth.dma_len),
+            total: reth.dma_len,
+        };
+    }
+    let InMsg::Write {
+        key,
+        offset,
+        remaining,
+        total,
+    } = &mut qp.rc.msg
+    else {
+        return Err(reject(NakCode::InvalidRequest));
+    };
+    // The payload must add up to the RETH length exactly (§1.7).
+    if n > *remaining || (last && n != *remaining) {
+        return Err(reject(NakCode::InvalidRequest));
+    }
+    if n != 0 && ctx.mem.write(*key, *offset, pkt.payload).is_err() {
+        return Err(reject(NakCode::RemoteAccessError));
+    }
+    *offset += n;
+    *remaining -= n;
+    let total = *total;
+    qp.rc.stats.rcvd_bytes += n;
+    if last {
+        qp.rc.msg = InMsg::None;
+        qp.rc.msn = qp.rc.msn.wrapping_add(1) & 0xFF_FFFF;
+        if let Some(imm) = imm {
+            // Checked available above.
+            let Some(wqe) = take_recv_wqe(qp, ctx) else {
+                return Ok(rnr(qp, psn));
+            };
+            let wc = WorkCompletion {
+                wr_id: wqe.wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::RecvRdmaWithImm,
+                byte_len: total,
+                imm_data: imm,
+                wc_flags: WcFlags::WITH_IMM,
+                qp_num: qp.qpn,
+                src_qp: qp.attr.dest_qp_num,
+                ..WorkCompletion::default()
+            };
+            ctx.wcs.push((qp.recv_cq, wc, pkt.bth.solicited));
+        }
+    }
+    Ok(Disposition::Accepted)
+}
+
+/// Adds a responder resource, dropping the oldest beyond `max_dest_rd_atomic` (§4.5).
+fn push_resource(qp: &mut Qp, r: Resource) {
+    let cap = usize::from(qp.attr.max_dest_rd_atomic.max(1));
+    while qp.rc.resources.len() >= cap {
+        qp.rc.resources.pop_front();
+    }
+    qp.rc.resources.push_back(r);
+}
+
+fn read_request(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_>,
+    pkt: &PacketRepr<'_>,
+) -> Result<Disposition, Reject> {
+    let psn = pkt.bth.psn;
+    let reth = pkt.reth.ok_or_else(|| reject(NakCode::InvalidRequest))?;
+    if reth.dma_len > MAX_DMA_LEN {
+        return Err(reject(NakCode::InvalidRequest));
+    }
+    if reth.dma_len != 0
+        && ctx
+            .resolve(
+                reth.rkey,
+                qp.pd,
+                reth.va,
+                u64::from(reth.dma_len),
+                AccessFlags::REMOTE_READ,
+            )
+            .is_none()
+    {
+        return Err(reject(NakCode::RemoteAccessError));
+    }
+    let npkts = packets(u64::from(reth.dma_len), qp.attr.path_mtu.bytes());
+    let last_psn = psn.wrapping_add(npkts - 1);
+    push_resource(
+        qp,
+        Resource {
+            first_psn: psn,
+            last_psn,
+            kind: ResourceKind::Read {
+                va: reth.va,
+                rkey: reth.rkey,
+                len: reth.dma_len,
+            },
+        },
+    );
+    qp.rc.responses.push_back(Response::Read {
+        first_psn: psn,
+        va: reth.va,
+        rkey: reth.rkey,
+        len: reth.dma_len,
+        sent: 0,
+    });
+    // A READ consumes one PSN per response packet and bumps the MSN when accepted (§2.5, §1.5).
+    let rc = &mut qp.rc;
+    rc.epsn = last_psn.wrapping_add(1);
+    rc.msn = rc.msn.wrapping_add(1) & 0xFF_FFFF;
+    Ok(Disposition::Accepted)
+}
+
+fn atomic(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Result<Disposition, Reject> {
+    let psn = pkt.bth.psn;
+    let eth = pkt
+        .atomic_eth
+        .ok_or_else(|| reject(NakCode::InvalidRequest))?;
+    // The target must be 8-byte aligned (§4.6).
+    if eth.va % 8 != 0 {
+        return Err(reject(NakCode::InvalidRequest));
+    }
+    let (key, offset) = ctx
+        .resolve(eth.rkey, qp.pd, eth.va, 8, AccessFlags::REMOTE_ATOMIC)
+        .ok_or_else(|| reject(NakCode::RemoteAccessError))?;
+    let op = if pkt.bth.opcode == Opcode::CompareSwap {
+        AtomicOp::CompareSwap {
+            compare: eth.compare,
+            swap: eth.swap_add,
+        }
+    } else {
+        AtomicOp::FetchAdd { add: eth.swap_add }
+    };
+    let orig = ctx
+        .mem
+        .atomic(key, offset, op)
+        .map_err(|_| reject(NakCode::RemoteAccessError))?;
+    push_resource(
+        qp,
+        Resource {
+            first_psn: psn,
+            last_psn: psn,
+            kind: ResourceKind::Atomic { orig },
+        },
+    );
+    qp.rc.responses.push_back(Response::AtomicAck { psn, orig });
+    let rc = &mut qp.rc;
+    rc.epsn = psn.wrapping_add(1);
+    rc.msn = rc.msn.wrapping_add(1) & 0xFF_FFFF;
+    Ok(Disposition::Accepted)
+}
+
+/// A request older than ePSN (§4.5): re-ACK SEND/WRITE, re-execute READ, replay atomics.
+fn duplicate(qp: &mut Qp, pkt: &PacketRepr<'_>) -> Disposition {
+    let psn = pkt.bth.psn;
+    let op = pkt.bth.opcode;
+    let rc = &mut qp.rc;
+    if op.is_send() || op.is_write() {
+        // Re-ACK with the last acknowledged PSN, not the duplicate's own (C9-105).
+        let last = rc.epsn.wrapping_add(0xFF_FFFF);
+        match rc.responses.back_mut() {
+            Some(Response::Ack { psn }) => *psn = last,
+            _ => rc.responses.push_back(Response::Ack { psn: last }),
+        }
+        return Disposition::Accepted;
+    }
+    let found = rc
+        .resources
+        .iter()
+        .find(|r| !psn.is_before(r.first_psn) && !psn.is_after(r.last_psn))
+        .copied();
+    match (op, found, pkt.reth, found.map(|r| r.kind)) {
+        (
+            Opcode::RdmaReadRequest,
+            Some(_),
+            Some(reth),
+            Some(ResourceKind::Read { va, rkey, len }),
+        ) => {
+            // Same request or a subset of it (§4.5).
+            let end = va.saturating_add(u64::from(len));
+            let new_end = reth.va.saturating_add(u64::from(reth.dma_len));
+            if reth.rkey != rkey || reth.va < va || new_end > end {
+                return Disposition::Dropped;
+            }
+            rc.responses.push_back(Response::Read {
+                first_psn: psn,
+                va: reth.va,
+                rkey,
+                len: reth.dma_len,
+                sent: 0,
+            });
+            Disposition::Accepted
+        }
+        (
+            Opcode::CompareSwap | Opcode::FetchAdd,
+            Some(r),
+            _,
+            Some(ResourceKind::Atomic { orig }),
+        ) if r.first_psn == psn => {
+            // Never executed twice: the saved original value is replayed.
+            rc.responses.push_back(Response::AtomicAck { psn, orig });
+            Disposition::Accepted
+        }
+        _ => Disposition::Dropped,
+    }
+}
+
+/// Builds the next queued response of `qp` into `buf`.
+pub(crate) fn next_packet(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_>,
+    src_ip: IpAddr,
+    buf: &mut [u8],
+) -> Option<usize> {
+    let resp = *qp.rc.responses.front()?;
+    let ip = tx::ip_context(
+        src_ip,
+        qp.attr.ah_attr.dgid.to_ip(),
+        udp_sport(qp.qpn, qp.attr.dest_qp_num),
+        qp.attr.ah_attr.udp_dport,
+    )
+    .ok()?;
+    let msn = qp.rc.msn;
+    let bth = |opcode: Opcode, psn: Psn| BthRepr {
+        opcode,
+        solicited: false,
+        mig_req: false,
+        pad_count: 0,
+        pkey: BthRepr::DEFAULT_PKEY,
+        fecn: false,
+        becn: false,
+        dest_qp: qp.attr.dest_qp_num,
+        ack_req: false,
+        psn,
+    };
+    let aeth = |syndrome: Syndrome| Some(AethRepr { syndrome, msn });
+    let result = match resp {
+        Response::Ack { psn } => {
+            qp.rc.stats.acks_sent += 1;
+            let hdrs = PacketRepr {
+                aeth: aeth(Syndrome::ACK_UNLIMITED),
+                ..PacketRepr::new(bth(Opcode::Acknowledge, psn), &[])
+            };
+            tx::emit(&hdrs, 0, &ip, buf, |_| Ok(())).map(|l| (l, true))
+        }
+        Response::Nak { psn, code } => {
+            let hdrs = PacketRepr {
+                aeth: aeth(Syndrome::Nak(code)),
+                ..PacketRepr::new(bth(Opcode::Acknowledge, psn), &[])
+            };
+            tx::emit(&hdrs, 0, &ip, buf, |_| Ok(())).map(|l| (l, true))
+        }
+        Response::RnrNak { psn } => {
+            let timer = RnrTimer::from_code(qp.attr.min_rnr_timer);
+            let hdrs = PacketRepr {
+                aeth: aeth(Syndrome::RnrNak { timer }),
+                ..PacketRepr::new(bth(Opcode::Acknowledge, psn), &[])
+            };
+            tx::emit(&hdrs, 0, &ip, buf, |_| Ok(())).map(|l| (l, true))
+        }
+        Response::AtomicAck { psn, orig } => {
+            let hdrs = PacketRepr {
+                aeth: aeth(Syndrome::ACK_UNLIMITED),
+                atomic_ack_eth: Some(AtomicAckEthRepr {
+                    orig_remote_data: orig,
+                }),
+                ..PacketRepr::new(bth(Opcode::AtomicAcknowledge, psn), &[])
+            };
+            tx::emit(&hdrs, 0, &ip, buf, |_| Ok(())).map(|l| (l, true))
+        }
+        Response::Read {
+            first_psn,
+            va,
+            rkey,
+            len,
+            sent,
+        } => {
+            let mtu = qp.attr.path_mtu.bytes();
+            let npkts = packets(u64::from(len), mtu);
+            let offset = u64::from(sent) * u64::from(mtu);
+            let n = u64::from(len).saturating_sub(offset).min(u64::from(mtu));
+            let pos = position(sent, npkts);
+            let opcode = match pos {
+                Position::First => Opcode::RdmaReadResponseFirst,
+                Position::Middle => Opcode::RdmaReadResponseMiddle,
+                Position::Last => Opcode::RdmaReadResponseLast,
+                Position::Only => Opcode::RdmaReadResponseOnly,
+            };
+            let mut hdrs = PacketRepr::new(bth(opcode, first_psn.wrapping_add(sent)), &[]);
+            if pos != Position::Middle {
+                hdrs.aeth = aeth(Syndrome::ACK_UNLIMITED);
+            }
+            // Each response packet resolves the R_Key again (§4.4).
+            let target = if n == 0 {
+                Some((0, 0))
+            } else {
+                ctx.resolve(
+                    rkey,
+                    qp.pd,
+                    va.wrapping_add(offset),
+                    n,
+                    AccessFlags::REMOTE_READ,
+                )
+            };
+            match target {
+                Some((key, at)) => {
+                    let n = usize::try_from(n).unwrap_or(0);
+                    tx::emit(&hdrs, n, &ip, buf, |out| {
+                        if out.is_empty() {
+                            Ok(())
+                        } else {
+                            ctx.mem.read(key, at, out)
+                        }
+                    })
+                    .map(|l| (l, sent + 1 >= npkts))
+                    .inspect(|_| qp.rc.stats.sent_bytes += n as u64)
+                }
+                None => Err(TxError::Memory),
+            }
+        }
+    };
+    match result {
+        Ok((len, finished)) => {
+            if finished {
+                qp.rc.responses.pop_front();
+            } else if let Some(Response::Read { sent, .. }) = qp.rc.responses.front_mut() {
+                *sent += 1;
+            }
+            qp.rc.stats.sent_pkts += 1;
+            Some(len)
+        }
+        Err(_) => {
+            // The MR went away under a READ: answer with a remote access NAK instead.
+            qp.rc.stats.dropped += 1;
+            if let Some(front) = qp.rc.responses.front_mut() {
+                if let Response::Read {
+                    first_psn, sent, ..
+                } = *front
+                {
+                    *front = Response::Nak {
+                        psn: first_psn.wrapping_add(sent),
+                        code: NakCode::RemoteAccessError,
+                    };
+                    return next_packet(qp, ctx, src_ip, buf);
+                }
+            }
+            qp.rc.responses.pop_front();
+            None
+        }
+    }
+}

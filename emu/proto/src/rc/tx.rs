@@ -1,0 +1,87 @@
+//! Emitting one packet into the caller's transmit buffer with its payload copied straight from
+//! MR memory (one copy), then pad and ICRC.
+
+use std::net::IpAddr;
+
+use crate::memory::MemoryFault;
+use crate::wire::{
+    BTH_LEN, Bth, ICRC_LEN, IpAddrs, IpContext, PacketRepr, WireError, fill_icrc, pad_len,
+};
+
+/// The largest RoCEv2 UDP payload the engine emits: a 4096-byte MTU payload plus the largest
+/// header set and the ICRC.
+pub(crate) const MAX_PACKET_LEN: usize = 4096 + 64;
+
+/// Why a packet could not be built.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum TxError {
+    /// The codec refused the headers or the buffer is too small.
+    Wire(WireError),
+    /// Reading the payload from memory failed.
+    Memory,
+    /// Source and destination are of different IP versions.
+    AddressFamily,
+}
+
+impl From<WireError> for TxError {
+    fn from(e: WireError) -> TxError {
+        TxError::Wire(e)
+    }
+}
+
+impl From<MemoryFault> for TxError {
+    fn from(_: MemoryFault) -> TxError {
+        TxError::Memory
+    }
+}
+
+/// The IP context of a packet from `src` to `dst:dst_port`, from UDP port `src_port`.
+pub(crate) fn ip_context(
+    src: IpAddr,
+    dst: IpAddr,
+    src_port: u16,
+    dst_port: u16,
+) -> Result<IpContext, TxError> {
+    let addrs = match (src, dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => IpAddrs::V4 { src, dst, ident: 0 },
+        (IpAddr::V6(src), IpAddr::V6(dst)) => IpAddrs::V6 { src, dst },
+        _ => return Err(TxError::AddressFamily),
+    };
+    Ok(IpContext {
+        addrs,
+        src_port,
+        dst_port,
+    })
+}
+
+/// Writes `hdrs` (whose `payload` must be empty) followed by `payload_len` bytes produced by
+/// `fill`, the pad and the ICRC into `buf`; returns the UDP payload length.
+pub(crate) fn emit(
+    hdrs: &PacketRepr<'_>,
+    payload_len: usize,
+    ip: &IpContext,
+    buf: &mut [u8],
+    fill: impl FnOnce(&mut [u8]) -> Result<(), MemoryFault>,
+) -> Result<usize, TxError> {
+    let header_only = PacketRepr {
+        bth: crate::wire::BthRepr {
+            pad_count: 0,
+            ..hdrs.bth
+        },
+        payload: &[],
+        ..*hdrs
+    };
+    // Headers (and a throw-away ICRC over them) first; the payload then overwrites that ICRC.
+    let hdr_len = header_only.emit(ip, buf)? - ICRC_LEN;
+    let pad = pad_len(payload_len);
+    let total = hdr_len + payload_len + usize::from(pad) + ICRC_LEN;
+    let have = buf.len();
+    let out = buf
+        .get_mut(..total)
+        .ok_or(WireError::Truncated { need: total, have })?;
+    Bth::new_unchecked(&mut out[..BTH_LEN]).set_pad_count(pad);
+    fill(&mut out[hdr_len..hdr_len + payload_len])?;
+    out[hdr_len + payload_len..total - ICRC_LEN].fill(0);
+    fill_icrc(ip, out)?;
+    Ok(total)
+}

@@ -1,0 +1,241 @@
+//! The RoCEv2 invariant CRC (rc-transport.md §1.8).
+//!
+//! The ICRC is the zlib/Ethernet CRC-32 (reflected 0xEDB88320, init all ones, final NOT; computed
+//! with `crc32fast`, never CRC-32C) over the pseudo-packet
+//!
+//! `0xFF × 8 ‖ IP header ‖ UDP header ‖ BTH ‖ extension headers ‖ payload ‖ pad`
+//!
+//! with these fields replaced by all ones: IPv4 TOS, TTL and header checksum; IPv6 traffic class,
+//! flow label and hop limit; the UDP checksum; BTH byte 4 (FECN, BECN, Resv6). Everything else is
+//! covered as-is, including the IPv4 total length, identification and flags, the UDP ports and
+//! length, BTH Resv7 and the PSN. The 32-bit result is stored **little-endian** in the last four
+//! bytes of the UDP payload (`crc.to_le_bytes()`).
+//!
+//! Since the IP/UDP headers are not part of the bytes this codec sees, [`compute_icrc`] rebuilds
+//! them from an [`IpContext`] with the sender-side values documented in [`super::ip`] (notably
+//! IPv4 identification = `ident`, DF set, no options). A peer whose headers differ in a covered
+//! field (e.g. rxe's non-zero IP ID) needs [`icrc_over_headers`] with its real headers, or its
+//! ICRC cannot be checked (§1.8 addendum).
+//!
+//! Fuzzing: when compiled with `cfg(fuzzing)`, [`check_icrc`] accepts every ICRC so that fuzzers
+//! reach the code behind it. [`compute_icrc`] and [`fill_icrc`] are unaffected.
+
+use crc32fast::Hasher;
+
+use super::ip::{IPV4_HEADER_LEN, IPV6_HEADER_LEN, MAX_HEADERS_LEN, UDP_HEADER_LEN};
+use super::{BTH_LEN, IpContext, WireError, read};
+
+/// ICRC length in bytes.
+pub const ICRC_LEN: usize = 4;
+
+/// Bytes of 0xFF standing in for the absent LRH.
+const LRH_STAND_IN: usize = 8;
+/// Offset of the masked BTH byte (FECN, BECN, Resv6).
+const BTH_MASKED_BYTE: usize = 4;
+
+/// Computes the ICRC of a RoCEv2 UDP payload (BTH through the 4 ICRC bytes, which are
+/// excluded), given the IP and UDP headers exactly as on the wire: a 20-byte IPv4 header (IHL 5)
+/// or a 40-byte IPv6 header, followed by the 8-byte UDP header. Masking is applied here.
+/// Errors: [`WireError::Truncated`] if `udp_payload` is shorter than BTH + ICRC or `headers` is
+/// short, [`WireError::BadIpHeader`] for other IP versions or IPv4 options.
+pub fn icrc_over_headers(headers: &[u8], udp_payload: &[u8]) -> Result<u32, WireError> {
+    let min = BTH_LEN + ICRC_LEN;
+    if udp_payload.len() < min {
+        return Err(WireError::Truncated {
+            need: min,
+            have: udp_payload.len(),
+        });
+    }
+    let first = *headers.first().ok_or(WireError::Truncated {
+        need: IPV4_HEADER_LEN + UDP_HEADER_LEN,
+        have: 0,
+    })?;
+    let ip_len = match first {
+        0x45 => IPV4_HEADER_LEN,
+        _ if first >> 4 == 6 => IPV6_HEADER_LEN,
+        _ => return Err(WireError::BadIpHeader(first)),
+    };
+    let len = ip_len + UDP_HEADER_LEN;
+    let src = headers.get(..len).ok_or(WireError::Truncated {
+        need: len,
+        have: headers.len(),
+    })?;
+    // One buffer for the prefix, the masked IP/UDP headers and the masked BTH, so the CRC runs
+    // over two slices only.
+    let mut pseudo = [0xFF; LRH_STAND_IN + MAX_HEADERS_LEN + BTH_LEN];
+    let (ip_udp, rest) = pseudo[LRH_STAND_IN..].split_at_mut(len);
+    ip_udp.copy_from_slice(src);
+    if ip_len == IPV4_HEADER_LEN {
+        ip_udp[1] = 0xFF; // TOS
+        ip_udp[8] = 0xFF; // TTL
+        ip_udp[10..12].fill(0xFF); // header checksum
+    } else {
+        ip_udp[0] |= 0x0F; // traffic class, high nibble
+        ip_udp[1..4].fill(0xFF); // traffic class, low nibble + flow label
+        ip_udp[7] = 0xFF; // hop limit
+    }
+    ip_udp[ip_len + 6..].fill(0xFF); // UDP checksum
+    let bth = &mut rest[..BTH_LEN];
+    bth.copy_from_slice(&udp_payload[..BTH_LEN]);
+    bth[BTH_MASKED_BYTE] = 0xFF; // FECN, BECN, Resv6
+
+    let mut h = Hasher::new();
+    h.update(&pseudo[..LRH_STAND_IN + len + BTH_LEN]);
+    h.update(&udp_payload[BTH_LEN..udp_payload.len() - ICRC_LEN]);
+    Ok(h.finalize())
+}
+
+/// Computes the ICRC of `udp_payload` (BTH through the ICRC bytes, which are excluded) as sent
+/// with the IP/UDP headers [`IpContext::emit_headers`] produces.
+/// Errors: as [`icrc_over_headers`], plus [`WireError::TooLong`].
+pub fn compute_icrc(ip: &IpContext, udp_payload: &[u8]) -> Result<u32, WireError> {
+    let mut headers = [0; MAX_HEADERS_LEN];
+    let n = ip.emit_headers(udp_payload.len(), &mut headers)?;
+    icrc_over_headers(&headers[..n], udp_payload)
+}
+
+/// Computes the ICRC and stores it little-endian in the last 4 bytes of `udp_payload`.
+pub fn fill_icrc(ip: &IpContext, udp_payload: &mut [u8]) -> Result<(), WireError> {
+    let crc = compute_icrc(ip, udp_payload)?;
+    let at = udp_payload.len() - ICRC_LEN;
+    udp_payload[at..].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// `Ok` if the stored ICRC matches [`compute_icrc`], else [`WireError::BadIcrc`] (or the
+/// errors of [`compute_icrc`]). Under `cfg(fuzzing)` a mismatch is accepted.
+#[allow(unexpected_cfgs)] // `fuzzing` is set by cargo-fuzz.
+pub fn check_icrc(ip: &IpContext, udp_payload: &[u8]) -> Result<(), WireError> {
+    let computed = compute_icrc(ip, udp_payload)?;
+    // compute_icrc succeeded, so at least BTH + ICRC bytes are present.
+    let stored = u32::from_le_bytes(read(udp_payload, udp_payload.len() - ICRC_LEN));
+    if stored == computed || cfg!(fuzzing) {
+        Ok(())
+    } else {
+        Err(WireError::BadIcrc { computed, stored })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use core::net::Ipv4Addr;
+
+    use super::*;
+    use crate::wire::IpAddrs;
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Real CNP from a ConnectX-4 Lx (rc-transport.md §1.8, first vector).
+    const CNP_HEADERS: &str = "45c2003c 718c4000 40119161 0a001101 0a001201  0000 12b7 0028 0000";
+    const CNP_PAYLOAD: &str = "81 00 ffff 40 000118 00 000000  00000000000000000000000000000000";
+    /// Synthetic UC SEND_ONLY (rc-transport.md §1.8, second vector).
+    const UC_HEADERS: &str = "45010040 04784000 4011b4d5 c0a80007 c0a80007  c000 12b7 002c aca2";
+    const UC_PAYLOAD: &str =
+        "24 60 ffff 00 0000d3 00 cf1710  4630818be28935d90e9a95505401be885e500000";
+
+    fn with_icrc(payload: &str, icrc: [u8; 4]) -> Vec<u8> {
+        let mut p = hex(payload);
+        p.extend_from_slice(&icrc);
+        p
+    }
+
+    #[test]
+    fn published_vectors_from_wire_headers() {
+        let cnp = with_icrc(CNP_PAYLOAD, [0x82, 0xFD, 0x00, 0x2A]);
+        assert_eq!(icrc_over_headers(&hex(CNP_HEADERS), &cnp), Ok(0x2A00_FD82));
+        let uc = with_icrc(UC_PAYLOAD, [0x78, 0xF3, 0x53, 0xF3]);
+        assert_eq!(
+            icrc_over_headers(&hex(UC_HEADERS), &uc).map(u32::to_le_bytes),
+            Ok([0x78, 0xF3, 0x53, 0xF3])
+        );
+    }
+
+    #[test]
+    fn published_vectors_from_ip_context() {
+        // The IpContext path rebuilds the headers; masked fields (TOS, TTL, checksums) differ
+        // from the captured ones but must not matter.
+        let cnp_ctx = IpContext {
+            addrs: IpAddrs::V4 {
+                src: Ipv4Addr::new(10, 0, 17, 1),
+                dst: Ipv4Addr::new(10, 0, 18, 1),
+                ident: 0x718C,
+            },
+            src_port: 0,
+            dst_port: 4791,
+        };
+        let cnp = with_icrc(CNP_PAYLOAD, [0x82, 0xFD, 0x00, 0x2A]);
+        assert_eq!(check_icrc(&cnp_ctx, &cnp), Ok(()));
+
+        let uc_ctx = IpContext {
+            addrs: IpAddrs::V4 {
+                src: Ipv4Addr::new(192, 168, 0, 7),
+                dst: Ipv4Addr::new(192, 168, 0, 7),
+                ident: 0x0478,
+            },
+            src_port: 0xC000,
+            dst_port: 4791,
+        };
+        let mut uc = with_icrc(UC_PAYLOAD, [0; 4]);
+        fill_icrc(&uc_ctx, &mut uc).unwrap();
+        assert_eq!(uc[uc.len() - 4..], [0x78, 0xF3, 0x53, 0xF3]);
+        assert_eq!(check_icrc(&uc_ctx, &uc), Ok(()));
+
+        // BTH byte 4 is masked; the PSN is not.
+        uc[4] ^= 0xC0;
+        assert_eq!(check_icrc(&uc_ctx, &uc), Ok(()));
+        uc[11] ^= 0x01;
+        assert!(matches!(
+            check_icrc(&uc_ctx, &uc),
+            Err(WireError::BadIcrc { .. })
+        ));
+    }
+
+    #[test]
+    fn ipv6_masks_traffic_class_flow_label_and_hop_limit() {
+        let mut v6 = [0u8; 48];
+        v6[0] = 0x60;
+        v6[4..6].copy_from_slice(&(8u16 + 32).to_be_bytes());
+        v6[6] = 0x11;
+        v6[7] = 0x40;
+        v6[23] = 1;
+        v6[39] = 2;
+        v6[42..44].copy_from_slice(&4791u16.to_be_bytes());
+        let payload = with_icrc(CNP_PAYLOAD, [0; 4]);
+        let a = icrc_over_headers(&v6, &payload).unwrap();
+        let mut other = v6;
+        other[0] = 0x6A;
+        other[1..4].copy_from_slice(&[0x12, 0x34, 0x56]);
+        other[7] = 1;
+        other[46..48].copy_from_slice(&[0xAB, 0xCD]);
+        assert_eq!(icrc_over_headers(&other, &payload), Ok(a));
+        other[39] = 3;
+        assert_ne!(icrc_over_headers(&other, &payload), Ok(a));
+    }
+
+    #[test]
+    fn bad_inputs() {
+        let headers = hex(UC_HEADERS);
+        let uc = with_icrc(UC_PAYLOAD, [0; 4]);
+        assert!(matches!(
+            icrc_over_headers(&headers, &uc[..15]),
+            Err(WireError::Truncated { need: 16, .. })
+        ));
+        assert!(icrc_over_headers(&headers[..27], &uc).is_err());
+        assert!(icrc_over_headers(&[], &uc).is_err());
+        let mut opts = headers.clone();
+        opts[0] = 0x46;
+        assert_eq!(
+            icrc_over_headers(&opts, &uc),
+            Err(WireError::BadIpHeader(0x46))
+        );
+        let ctx = IpContext::v4(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, 0xC000);
+        assert!(check_icrc(&ctx, &uc[..3]).is_err());
+    }
+}

@@ -1,11 +1,12 @@
-//! `softverbs demo`: two emulated devices, one RC QP on each, connected RESET → RTS, with their
-//! attributes printed. Written against `verbs_api::Context` only, so it runs on any backend.
+//! `softverbs demo`: two devices, one RC QP on each, connected RESET → RTS, their attributes
+//! printed, then an RDMA WRITE and a SEND with immediate data whose completions and delivered
+//! bytes are printed. Written against `verbs_api::Context` only, so it runs on any backend.
 
 use std::io::{self, Write};
 
 use verbs_api::{
-    Context, Error, ErrorKind, MemoryRegion, QpCap, QpInitAttr, QueuePair, RcConnectOptions,
-    Result, connect_rc,
+    CompletionQueue, Context, Error, ErrorKind, MemoryRegion, QpCap, QpInitAttr, QueuePair,
+    RcConnectOptions, RecvWr, Result, SendOp, SendWr, WorkCompletion, connect_rc,
 };
 
 /// Connects a QP on `a` with a QP on `b` and writes a report to `out`.
@@ -27,8 +28,8 @@ pub fn run<C: Context>(a: &C, b: &C, out: &mut dyn Write) -> Result<()> {
         let mr = ctx.alloc_mr(&pd, 4096, RcConnectOptions::default().access)?;
         Ok((pd, cq, qp, mr))
     };
-    let (_pd_a, _cq_a, qp_a, mr_a) = side(a)?;
-    let (_pd_b, _cq_b, qp_b, mr_b) = side(b)?;
+    let (_pd_a, cq_a, qp_a, mr_a) = side(a)?;
+    let (_pd_b, cq_b, qp_b, mr_b) = side(b)?;
     let (psn_a, psn_b) = (0x00_1000, 0x00_2000);
     let ep_a = qp_a.endpoint(psn_a)?;
     let ep_b = qp_b.endpoint(psn_b)?;
@@ -72,7 +73,61 @@ pub fn run<C: Context>(a: &C, b: &C, out: &mut dyn Write) -> Result<()> {
         )
         .map_err(io)?;
     }
+
+    // Data path: WRITE "hello, RDMA" into b's MR, then SEND it back with immediate data.
+    let msg = b"hello, RDMA";
+    mr_a.write(0, msg)?;
+    let src = [mr_a.sge(0, msg.len())?];
+    let write = SendOp::RdmaWrite {
+        remote_addr: mr_b.addr() + 1024,
+        rkey: mr_b.rkey(),
+    };
+    qp_a.post_send(&[SendWr::new(1, write, &src)])
+        .map_err(|e| e.error)?;
+    report(out, &a.device_name(), &wait(&cq_a)?)?;
+    let recv = [mr_a.sge(2048, 64)?];
+    qp_a.post_recv(&[RecvWr::new(2, &recv)])
+        .map_err(|e| e.error)?;
+    let back = [mr_b.sge(1024, msg.len())?];
+    qp_b.post_send(&[SendWr::new(3, SendOp::SendWithImm { imm: 0x5eed }, &back)])
+        .map_err(|e| e.error)?;
+    report(out, &b.device_name(), &wait(&cq_b)?)?;
+    report(out, &a.device_name(), &wait(&cq_a)?)?;
+    let mut got = vec![0u8; msg.len()];
+    mr_a.read(2048, &mut got)?;
+    writeln!(
+        out,
+        "{} received: {:?}",
+        a.device_name(),
+        String::from_utf8_lossy(&got)
+    )
+    .map_err(io)?;
     Ok(())
+}
+
+/// Polls `cq` until one completion arrives (bounded).
+fn wait<Q: CompletionQueue>(cq: &Q) -> Result<WorkCompletion> {
+    let mut wc = [WorkCompletion::default()];
+    for _ in 0..100_000 {
+        if cq.poll(&mut wc)? == 1 {
+            return Ok(wc[0]);
+        }
+        std::thread::yield_now();
+    }
+    Err(Error::new(ErrorKind::Io, "no completion arrived"))
+}
+
+fn report(out: &mut dyn Write, dev: &str, wc: &WorkCompletion) -> Result<()> {
+    writeln!(
+        out,
+        "{dev} completion: wr_id={} status={} opcode={} byte_len={} imm={:#x}",
+        wc.wr_id,
+        wc.status,
+        wc.opcode.name(),
+        wc.byte_len,
+        wc.imm_data
+    )
+    .map_err(|e| Error::new(ErrorKind::Io, e.to_string()))
 }
 
 #[cfg(test)]
@@ -89,5 +144,7 @@ mod tests {
         super::run(&a, &b, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert_eq!(text.matches("state=RTS").count(), 2, "{text}");
+        assert_eq!(text.matches("status=IBV_WC_SUCCESS").count(), 3, "{text}");
+        assert!(text.contains("received: \"hello, RDMA\""), "{text}");
     }
 }

@@ -18,12 +18,28 @@ enum Command {
     /// Connect an RC QP pair between two devices of the selected provider (SOFTVERBS_PROVIDER,
     /// default: the in-process emulator) and print their attributes.
     Demo,
+    /// Write a pcap of a scripted two-device RC exchange (every RC opcode, an ACK and the three
+    /// kinds of NAK) that Wireshark decodes as RoCEv2.
+    Capture {
+        /// Output file.
+        #[arg(long, value_name = "FILE.pcap")]
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo => demo(),
+        Command::Demo => demo().map_err(|e| e.to_string()),
+        Command::Capture { out } => softverbs::capture::write_demo_capture(&out)
+            .map(|summary| {
+                println!(
+                    "wrote {} packets to {}",
+                    summary.packet_count(),
+                    out.display()
+                );
+            })
+            .map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -677,9 +677,12 @@ impl Hca {
                     cap,
                     ..QpAttr::default()
                 };
-                let stats = rc.stats;
+                // Keep what ties the QP to the HCA's indices; `sync_timer` below drops the timer.
+                let (stats, timer_key, queued) = (rc.stats, rc.timer_key, rc.queued);
                 *rc = rc::RcState::default();
                 rc.stats = stats;
+                rc.timer_key = timer_key;
+                rc.queued = queued;
             }
             (from, QpState::Err) if from != QpState::Err => {
                 self.enter_err(qpn);

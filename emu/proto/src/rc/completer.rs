@@ -218,7 +218,8 @@ pub(crate) fn rewind(qp: &mut Qp) {
 
 /// A PSN sequence NAK: retry from the NAKed PSN unless a retry burst is already under way.
 fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
-    if qp.rc.started_retry {
+    // While an RNR wait runs, no other retry starts (§3.7 "RNR wait").
+    if qp.rc.started_retry || qp.rc.rnr_at.is_some() {
         return Verdict::Done;
     }
     retry(qp, ctx, false)

@@ -53,8 +53,8 @@ pub trait Device: Clone + Send + Sync + 'static {
 /// An open device (`ibv_context`): the factory of every other object.
 ///
 /// Every `create_*`/`alloc_*` call validates its arguments against [`DeviceAttr`] limits and
-/// fails with `InvalidArgument` (bad sizes, handles of another context or destroyed handles)
-/// or `NoMemory` (object count limits) without creating anything.
+/// fails without creating anything: `InvalidArgument` for bad sizes or handles of another
+/// context, `Destroyed` for destroyed handles, `NoMemory` for object count limits.
 pub trait Context: Clone + Send + Sync + 'static {
     /// Protection domain handle.
     type Pd: ProtectionDomain;

@@ -468,8 +468,9 @@ impl Hca {
 
     // ---- (C) commands: SRQ -----------------------------------------------------------------
 
-    /// `ibv_create_srq`: `max_wr` 1..=`max_srq_wr`, `max_sge` ≤ `max_srq_sge`, `srq_limit` ≤
-    /// `max_wr` (`InvalidArgument`); `NoMemory` beyond `max_srq`.
+    /// `ibv_create_srq`: `max_wr` 1..=`max_srq_wr`, `max_sge` ≤ `max_srq_sge`, (`InvalidArgument`);
+    /// `NoMemory` beyond `max_srq`. `srq_limit` is ignored at creation, as `ibv_create_srq(3)`
+    /// says: the limit starts disarmed; arm it with `arm_srq_limit`.
     pub fn create_srq(&mut self, pd: PdId, attr: &SrqAttr) -> Result<SrqId> {
         self.pds
             .get(pd.0)
@@ -481,9 +482,6 @@ impl Hca {
         if attr.max_sge > l.max_srq_sge {
             return Err(Error::invalid("SRQ max_sge above max_srq_sge"));
         }
-        if attr.srq_limit > attr.max_wr {
-            return Err(Error::invalid("SRQ limit above max_wr"));
-        }
         if self.srqs.len() >= l.max_srq as usize {
             return Err(Error::no_memory("max_srq SRQs created"));
         }
@@ -491,7 +489,10 @@ impl Hca {
             .srqs
             .insert(SrqEntry {
                 pd,
-                attr: *attr,
+                attr: SrqAttr {
+                    srq_limit: 0,
+                    ..*attr
+                },
                 queue: VecDeque::new(),
                 qp_refs: 0,
             })
@@ -689,6 +690,7 @@ impl Hca {
             }
             (QpState::Init, QpState::Rtr) => {
                 rc.epsn = Psn::new(qp.attr.rq_psn);
+                rc.ack_psn = rc.epsn;
             }
             (QpState::Rtr, QpState::Rts) => {
                 let psn = Psn::new(qp.attr.sq_psn);
@@ -757,8 +759,8 @@ impl Hca {
     }
 
     /// `ibv_post_recv` (rc-transport.md §5.2): allowed from INIT on; in ERR each WR completes at
-    /// once with `WR_FLUSH_ERR`; `InvalidState` in RESET; `InvalidArgument` on a QP attached to
-    /// an SRQ or for too many SGEs; `NoMemory` when full.
+    /// once with `WR_FLUSH_ERR`; `InvalidState` in RESET or on a QP attached to an SRQ;
+    /// `InvalidArgument` for too many SGEs; `NoMemory` when full.
     pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let qp = self.qp_mut(qpn).map_err(|e| PostError::new(0, e))?;
         let state = qp.state();
@@ -768,7 +770,7 @@ impl Hca {
         if qp.srq.is_some() {
             return Err(PostError::new(
                 0,
-                Error::invalid("QP receives through an SRQ"),
+                Error::state("QP receives through an SRQ"),
             ));
         }
         for (i, wr) in wrs.iter().enumerate() {

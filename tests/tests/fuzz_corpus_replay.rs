@@ -1,0 +1,126 @@
+//! Stable-toolchain replay of the cargo-fuzz corpora (`fuzz/corpus/<target>/`).
+//!
+//! The fuzz target bodies live in `fuzz/targets/src/lib.rs`, a file the nightly-only fuzz
+//! workspace compiles as a library and this test includes as a module, so every seed and every
+//! reproducer committed to a corpus directory is checked by a plain `cargo test`, with the real
+//! ICRC check (the fuzz build compiles `emu-proto` with `cfg(fuzzing)`, which accepts every
+//! ICRC). See `fuzz/README.md`.
+
+// Test code: a failing unwrap is a failing test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+// The module is private here, but its functions are the public API of the fuzz library.
+#[allow(unreachable_pub)]
+#[path = "../../fuzz/targets/src/lib.rs"]
+mod targets;
+
+/// The corpus directory of fuzz target `target`.
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target)
+}
+
+/// Runs `body` on every file of `target`'s corpus, which must hold at least `min_files` files,
+/// and fails listing every file that panicked.
+fn replay(target: &str, min_files: usize, body: fn(&[u8])) {
+    let dir = corpus_dir(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.is_file())
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= min_files,
+        "{}: {} corpus files, expected at least {min_files}",
+        dir.display(),
+        files.len()
+    );
+    let failed: Vec<String> = files
+        .iter()
+        .filter_map(|path| {
+            let data = std::fs::read(path).unwrap();
+            let outcome = panic::catch_unwind(AssertUnwindSafe(|| body(&data)));
+            outcome.err().map(|payload| {
+                let msg = payload
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| payload.downcast_ref::<&str>().copied())
+                    .unwrap_or("<non-string panic>");
+                format!("{}: {msg}", path.display())
+            })
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} {target} corpus files panicked:\n{}",
+        failed.len(),
+        files.len(),
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn wire_decode_corpus() {
+    // One seed per RC opcode (23) at least.
+    replay(
+        "wire_decode",
+        emu_proto::wire::ALL_RC.len(),
+        targets::wire_decode,
+    );
+}
+
+#[test]
+fn fault_plan_corpus() {
+    replay("fault_plan", 10, targets::fault_plan);
+}
+
+#[test]
+fn wire_decode_seeds_are_valid_packets() {
+    // The seeds are well-formed packets with ICRCs for `CTX_V4`: one per RC opcode.
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(corpus_dir("wire_decode")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|ext| ext != "bin") {
+            continue;
+        }
+        let data = std::fs::read(&path).unwrap();
+        let packet = emu_proto::wire::Packet::new_unchecked(&data[..]);
+        let Ok(repr) = emu_proto::wire::PacketRepr::parse(&packet) else {
+            continue; // reproducers need not parse
+        };
+        if emu_proto::wire::check_icrc(&targets::CTX_V4, &data).is_ok() {
+            seen.push(repr.bth.opcode);
+        }
+    }
+    for op in emu_proto::wire::ALL_RC {
+        assert!(seen.contains(&op), "no valid seed for {op:?}");
+    }
+}
+
+#[test]
+fn fault_plan_seeds_cover_every_action() {
+    let mut actions = Vec::new();
+    for entry in std::fs::read_dir(corpus_dir("fault_plan")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+        if let Ok(plan) = emu_fault::FaultPlan::from_toml(&text) {
+            actions.extend(plan.rules.iter().map(|r| r.action.name()));
+        }
+    }
+    for name in [
+        "drop",
+        "duplicate",
+        "delay",
+        "corrupt",
+        "truncate",
+        "partition",
+        "hold",
+        "rate_limit",
+    ] {
+        assert!(actions.contains(&name), "no valid seed plan uses `{name}`");
+    }
+}

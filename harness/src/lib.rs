@@ -2,7 +2,8 @@
 //!
 //! Applications that want their backend chosen by configuration call [`open_from_env`] (or
 //! [`registry`] for more control): `SOFTVERBS_PROVIDER=emu` (the default) selects the
-//! in-process emulator, and later providers (`udp`, `hw`) plug into the same registry. The
+//! in-process emulator, `SOFTVERBS_PROVIDER=udp` the UDP driver (devices on real sockets, see
+//! [`UDP_ADDRS_ENV`]), and later providers (`hw`) plug into the same registry. The
 //! returned [`verbs_api::dynamic::AnyContext`] implements [`verbs_api::Context`], so generic code
 //! runs on it unchanged.
 //!
@@ -51,13 +52,54 @@ pub fn sim_provider() -> Result<SimProvider> {
     .clone()
 }
 
-/// A registry with every built-in provider: `emu` (the in-process emulator).
+/// Environment variable: the addresses of the process-wide UDP provider's devices, one device
+/// per comma-separated `ip[:port]` (port 4791 when left out, 0 for an OS-chosen port), e.g.
+/// `127.0.0.1:4791` or `127.0.0.1:0,127.0.0.2:0`. Unset: one device on `127.0.0.1` with an
+/// OS-chosen port, so that several processes never collide (their endpoints carry the port).
+pub const UDP_ADDRS_ENV: &str = "SOFTVERBS_UDP_ADDRS";
+
+/// The process-wide UDP provider, created on first use from [`UDP_ADDRS_ENV`]. Its devices
+/// (and progress threads) live until the process exits. Errors: an unparsable address list or
+/// an address that cannot be bound, as [`emu_driver::UdpBuilder::build`] reports them.
+pub fn udp_provider() -> Result<emu_driver::UdpProvider> {
+    static UDP: OnceLock<std::result::Result<emu_driver::UdpProvider, Error>> = OnceLock::new();
+    UDP.get_or_init(|| {
+        let list = std::env::var(UDP_ADDRS_ENV).unwrap_or_else(|_| "127.0.0.1:0".to_string());
+        emu_driver::UdpProvider::builder()
+            .device_list(&list)?
+            .build()
+    })
+    .clone()
+}
+
+/// A registry with every built-in provider: `emu` (the in-process emulator) and `udp` (the UDP
+/// driver, [`udp_provider`]; its sockets are bound only when `udp` devices are first listed).
+///
+/// ```
+/// use verbs_api::{Context, ProtectionDomain};
+///
+/// // A UDP device on 127.0.0.1 with an OS-chosen port (unless SOFTVERBS_UDP_ADDRS says else).
+/// let ctx = softverbs::registry().open("udp", None)?;
+/// assert_eq!(ctx.device_name(), "udp0");
+/// let pd = ctx.alloc_pd()?;
+/// pd.destroy()?;
+/// # Ok::<(), verbs_api::Error>(())
+/// ```
 pub fn registry() -> Registry {
     let mut registry = Registry::new();
     registry.register("emu", || {
         use verbs_api::Provider;
         let sim = sim_provider()?;
         Ok(sim
+            .devices()?
+            .into_iter()
+            .map(verbs_api::dynamic::AnyDevice::new)
+            .collect())
+    });
+    registry.register("udp", || {
+        use verbs_api::Provider;
+        let udp = udp_provider()?;
+        Ok(udp
             .devices()?
             .into_iter()
             .map(verbs_api::dynamic::AnyDevice::new)

@@ -12,7 +12,7 @@ use verbs_api::{Error, ErrorKind, Result};
 
 /// The OS side of one channel.
 #[derive(Debug)]
-pub(crate) struct ChannelShared {
+pub struct ChannelShared {
     queue: Mutex<VecDeque<u32>>,
     cond: Condvar,
     tx: UnixStream,
@@ -20,7 +20,8 @@ pub(crate) struct ChannelShared {
 }
 
 impl ChannelShared {
-    pub(crate) fn new() -> Result<ChannelShared> {
+    /// A channel with no pending event; `Io` if the socket pair cannot be made.
+    pub fn new() -> Result<ChannelShared> {
         let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("completion channel: {e}"));
         let (tx, rx) = UnixStream::pair().map_err(io)?;
         tx.set_nonblocking(true).map_err(io)?;
@@ -40,7 +41,7 @@ impl ChannelShared {
     }
 
     /// Queues an event for CQ `cq` and makes the fd readable.
-    pub(crate) fn signal(&self, cq: u32) {
+    pub fn signal(&self, cq: u32) {
         let mut queue = self.lock();
         // The byte goes first, so that whoever sees the queue entry also finds the fd
         // readable. A full socket buffer leaves the fd readable anyway.
@@ -61,13 +62,13 @@ impl ChannelShared {
     }
 
     /// The next event without blocking.
-    pub(crate) fn try_get(&self) -> Option<u32> {
+    pub fn try_get(&self) -> Option<u32> {
         let mut queue = self.lock();
         self.pop(&mut queue)
     }
 
     /// The next event, waiting up to `timeout` (forever with `None`).
-    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<u32> {
+    pub fn wait(&self, timeout: Option<Duration>) -> Option<u32> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut queue = self.lock();
         loop {

@@ -31,7 +31,7 @@ enum Backing {
 
 /// A byte range that MR accesses may touch.
 #[derive(Debug)]
-pub(crate) struct Region {
+pub struct Region {
     ptr: NonNull<u8>,
     len: usize,
     _backing: Backing,
@@ -46,11 +46,11 @@ unsafe impl Sync for Region {}
 
 /// A range outside the region.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) struct OutOfBounds;
+pub struct OutOfBounds;
 
 impl Region {
     /// `len` zeroed bytes on the heap; `len` must be non-zero.
-    pub(crate) fn heap(len: usize) -> Region {
+    pub fn heap(len: usize) -> Region {
         let words: Box<[AtomicU64]> = (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
         let ptr = NonNull::from(&*words).cast::<u8>();
         Region {
@@ -61,7 +61,7 @@ impl Region {
     }
 
     /// A shared, writable mapping of `path`, created if missing and grown to `len` bytes.
-    pub(crate) fn file(path: &Path, len: usize) -> io::Result<Region> {
+    pub fn file(path: &Path, len: usize) -> io::Result<Region> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -91,7 +91,7 @@ impl Region {
     ///
     /// `ptr..ptr + len` must be valid for reads and writes for the region's whole life
     /// (the contract of `Context::reg_mr_raw`).
-    pub(crate) unsafe fn caller(ptr: NonNull<u8>, len: usize) -> Region {
+    pub unsafe fn caller(ptr: NonNull<u8>, len: usize) -> Region {
         Region {
             ptr,
             len,
@@ -100,13 +100,18 @@ impl Region {
     }
 
     /// The region's start address, used as the MR's virtual address.
-    pub(crate) fn addr(&self) -> u64 {
+    pub fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
     }
 
     /// Length in bytes.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// True for a zero-length region (never made by this crate).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
@@ -117,7 +122,7 @@ impl Region {
     }
 
     /// Copies `buf.len()` bytes at `offset` into `buf`.
-    pub(crate) fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), OutOfBounds> {
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), OutOfBounds> {
         self.check(offset, buf.len())?;
         for (i, out) in buf.iter_mut().enumerate() {
             // SAFETY: offset + i < self.len (checked above), so the byte lies inside the live
@@ -129,7 +134,7 @@ impl Region {
     }
 
     /// Copies `data` into the region at `offset`.
-    pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
         self.check(offset, data.len())?;
         for (i, value) in data.iter().enumerate() {
             // SAFETY: as in `read`: the byte is inside the live region.
@@ -143,11 +148,7 @@ impl Region {
 impl Region {
     /// Runs `op` atomically on the 8 bytes at `offset`, which must be 8-byte aligned in memory;
     /// returns the original value.
-    pub(crate) fn atomic(
-        &self,
-        offset: usize,
-        op: emu_proto::AtomicOp,
-    ) -> Result<u64, OutOfBounds> {
+    pub fn atomic(&self, offset: usize, op: emu_proto::AtomicOp) -> Result<u64, OutOfBounds> {
         self.check(offset, 8)?;
         // SAFETY: offset + 8 <= len (checked), so the pointer stays inside the live region.
         let ptr = unsafe { self.ptr.as_ptr().add(offset) };

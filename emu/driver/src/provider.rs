@@ -1,0 +1,1039 @@
+//! The UDP provider: `verbs_api` implemented over one [`emu_proto::Hca`] per device, each
+//! driven by its own progress thread and UDP socket (see [`crate::engine`]).
+//!
+//! Every verbs call locks the device briefly, applies the command to the HCA, delivers what it
+//! produced (channel notifications, async events) and rings the progress thread's doorbell if
+//! the command may have given it work. Handles keep their parents alive (a QP holds its PD,
+//! CQs and SRQ; every handle holds its device, whose last handle stops the thread); an
+//! explicitly destroyed handle fails every later call with `ErrorKind::Destroyed`.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use emu_fault::{Counters, FaultPlan, Injector, NodeId};
+use emu_proto::{ChannelId, CqId, Hca, HcaConfig, Instant, MrInfo, PdId, SrqId, Stats};
+use emu_sim::internals::{ChannelShared, Region};
+use verbs_api::{
+    AccessFlags, AsyncEvent, CompletionChannel, CompletionQueue, Context, Device, DeviceAttr,
+    Endpoint, Error, ErrorKind, EventElement, Gid, MemoryRegion, PortAttr, PostError,
+    ProtectionDomain, Provider, QpAttr, QpAttrMask, QpInitAttr, QpType, QueuePair, RecvWr, Result,
+    SendWr, SharedReceiveQueue, SrqAttr, WorkCompletion,
+};
+
+use crate::engine::{Core, DevState, DriverStats, Engine};
+use crate::fault::FaultConfig;
+use crate::socket::{self, SocketInfo};
+
+/// The address a device binds to when none is given: loopback, the RoCEv2 port.
+pub const DEFAULT_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 4791);
+
+/// Bytes asked for each socket buffer by default; the kernel caps the request at
+/// `net.core.rmem_max`/`wmem_max` (see [`SocketInfo`]).
+pub const DEFAULT_SOCKET_BUFFER: usize = 64 << 20;
+
+/// Builds a [`UdpProvider`]: its devices' addresses and their shared settings.
+#[derive(Clone, Debug)]
+pub struct UdpBuilder {
+    devices: Vec<SocketAddr>,
+    seed: u64,
+    socket_buffer: usize,
+    faults: Option<FaultPlan>,
+    peers: Vec<(SocketAddr, NodeId)>,
+    busy_poll: bool,
+}
+
+impl Default for UdpBuilder {
+    fn default() -> UdpBuilder {
+        UdpBuilder {
+            devices: Vec::new(),
+            seed: 0,
+            socket_buffer: DEFAULT_SOCKET_BUFFER,
+            faults: None,
+            peers: Vec::new(),
+            busy_poll: false,
+        }
+    }
+}
+
+impl UdpBuilder {
+    /// Adds a device bound to `addr` (port 0 lets the OS choose). Devices are named `udp0`,
+    /// `udp1`, … in the order added; with none added, [`build`](Self::build) makes one at
+    /// [`DEFAULT_ADDR`]. The address must be a specific unicast one: the device's GID is
+    /// derived from it.
+    pub fn device(mut self, addr: SocketAddr) -> UdpBuilder {
+        self.devices.push(addr);
+        self
+    }
+
+    /// Adds one device per address of a comma-separated list such as
+    /// `127.0.0.1:0,127.0.0.2:0` (the format of `SOFTVERBS_UDP_ADDRS`); an address without a
+    /// port gets 4791. `InvalidArgument` names the entry that does not parse.
+    pub fn device_list(mut self, list: &str) -> Result<UdpBuilder> {
+        for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let addr = entry
+                .parse::<SocketAddr>()
+                .or_else(|_| entry.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 4791)))
+                .map_err(|_| Error::invalid(format!("{entry:?} is not an address[:port]")))?;
+            self.devices.push(addr);
+        }
+        Ok(self)
+    }
+
+    /// Seed of the devices' key generators (device `i` mixes in `i`); default 0.
+    pub fn seed(mut self, seed: u64) -> UdpBuilder {
+        self.seed = seed;
+        self
+    }
+
+    /// Bytes to ask for each of `SO_RCVBUF` and `SO_SNDBUF` (default
+    /// [`DEFAULT_SOCKET_BUFFER`]); [`UdpDevice::socket_info`] reports what was granted.
+    pub fn socket_buffer(mut self, bytes: usize) -> UdpBuilder {
+        self.socket_buffer = bytes;
+        self
+    }
+
+    /// A fault plan every device applies to the datagrams it sends (each device runs its own
+    /// injector from the plan). Node numbers: device `i` of this builder is `NodeId(i)`;
+    /// other addresses are named with [`peer_node`](Self::peer_node), else
+    /// [`crate::UNKNOWN_NODE`].
+    pub fn faults(mut self, plan: FaultPlan) -> UdpBuilder {
+        self.faults = Some(plan);
+        self
+    }
+
+    /// Names the node number a fault plan uses for datagrams sent to `addr` (a device of
+    /// another provider or process).
+    pub fn peer_node(mut self, addr: SocketAddr, node: NodeId) -> UdpBuilder {
+        self.peers.push((addr, node));
+        self
+    }
+
+    /// Starts every device in busy-poll mode (see [`UdpContext::set_busy_poll`]); default off.
+    pub fn busy_poll(mut self, on: bool) -> UdpBuilder {
+        self.busy_poll = on;
+        self
+    }
+
+    /// Binds every device's socket and starts its progress thread.
+    ///
+    /// Errors: an unspecified, multicast or broadcast address, or an invalid fault plan →
+    /// `InvalidArgument`; a socket that cannot be bound (address in use, not local) or a thread
+    /// that cannot start → `Io`. On error nothing keeps running.
+    pub fn build(self) -> Result<UdpProvider> {
+        let addrs = if self.devices.is_empty() {
+            vec![DEFAULT_ADDR]
+        } else {
+            self.devices.clone()
+        };
+        let injector = self
+            .faults
+            .clone()
+            .map(Injector::new)
+            .transpose()
+            .map_err(|e| Error::invalid(format!("fault plan: {e}")))?;
+        let mut bound = Vec::with_capacity(addrs.len());
+        for addr in &addrs {
+            check_addr(*addr)?;
+            let (sock, info) = socket::bind(*addr, self.socket_buffer)
+                .map_err(|e| Error::new(ErrorKind::Io, format!("binding UDP {addr}: {e}")))?;
+            bound.push((sock, info));
+        }
+        let mut nodes: HashMap<SocketAddr, NodeId> = self.peers.iter().copied().collect();
+        for (i, (_, info)) in bound.iter().enumerate() {
+            nodes.insert(info.local_addr, NodeId(node_number(i)));
+        }
+        let mut devices = Vec::with_capacity(bound.len());
+        for (i, (sock, info)) in bound.into_iter().enumerate() {
+            let local = info.local_addr;
+            let gid = Gid::from_ip(local.ip());
+            let seed = self.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut config = HcaConfig::new(format!("udp{i}"), gid, seed);
+            config.udp_port = local.port();
+            let (name, guid) = (config.name.clone(), config.node_guid);
+            let faults = FaultConfig {
+                injector: injector.clone(),
+                nodes: nodes.clone(),
+                local: NodeId(node_number(i)),
+            };
+            let engine = Engine::start(sock, info, config, faults, self.busy_poll)?;
+            devices.push(UdpDevice(Arc::new(DeviceShared {
+                engine,
+                name,
+                guid,
+                node: NodeId(node_number(i)),
+            })));
+        }
+        Ok(UdpProvider {
+            devices: Arc::new(devices),
+        })
+    }
+}
+
+fn node_number(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+fn check_addr(addr: SocketAddr) -> Result<()> {
+    let ip = addr.ip();
+    let bad = ip.is_unspecified()
+        || ip.is_multicast()
+        || matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+    if bad {
+        return Err(Error::invalid(format!(
+            "{addr}: a device needs a specific unicast address (its GID is derived from it)"
+        )));
+    }
+    Ok(())
+}
+
+/// Emulated RDMA devices, each a UDP socket with its own progress thread.
+///
+/// Cloning shares the devices. The threads stop when [`shutdown`](Self::shutdown) is called
+/// or when the provider, its devices and every handle opened from them are dropped.
+#[derive(Clone, Debug)]
+pub struct UdpProvider {
+    devices: Arc<Vec<UdpDevice>>,
+}
+
+impl UdpProvider {
+    /// A builder with no device yet (one at [`DEFAULT_ADDR`] if none is added).
+    pub fn builder() -> UdpBuilder {
+        UdpBuilder::default()
+    }
+
+    /// Stops every device's progress thread and closes its socket, waiting for the threads.
+    /// Objects stay valid afterwards, but no packet moves and no timer fires.
+    pub fn shutdown(&self) {
+        for dev in self.devices.iter() {
+            dev.shutdown();
+        }
+    }
+}
+
+impl Provider for UdpProvider {
+    type Device = UdpDevice;
+
+    fn name(&self) -> &'static str {
+        "udp"
+    }
+
+    fn devices(&self) -> Result<Vec<UdpDevice>> {
+        Ok(self.devices.to_vec())
+    }
+}
+
+#[derive(Debug)]
+struct DeviceShared {
+    engine: Engine,
+    name: String,
+    guid: u64,
+    node: NodeId,
+}
+
+/// One emulated device: a UDP socket, an HCA and the progress thread between them.
+#[derive(Clone, Debug)]
+pub struct UdpDevice(Arc<DeviceShared>);
+
+impl UdpDevice {
+    fn core(&self) -> &Core {
+        &self.0.engine.core
+    }
+
+    /// The socket's bound address: the device's IP (its GID) and UDP port.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.core().info.local_addr
+    }
+
+    /// What the kernel granted the socket.
+    pub fn socket_info(&self) -> SocketInfo {
+        self.core().info
+    }
+
+    /// The node number fault plans use for this device.
+    pub fn node_id(&self) -> NodeId {
+        self.0.node
+    }
+
+    /// Stops the progress thread and closes the socket, waiting for the thread; idempotent.
+    /// Open contexts and handles stay valid, but no packet moves and no timer fires.
+    pub fn shutdown(&self) {
+        self.0.engine.shutdown();
+    }
+}
+
+impl Device for UdpDevice {
+    type Context = UdpContext;
+
+    fn name(&self) -> String {
+        self.0.name.clone()
+    }
+
+    fn node_guid(&self) -> u64 {
+        self.0.guid
+    }
+
+    fn open(&self) -> Result<UdpContext> {
+        let id = self.core().query(|st| st.events.open());
+        Ok(UdpContext {
+            ctx: Arc::new(ContextShared {
+                dev: self.clone(),
+                id,
+            }),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct ContextShared {
+    dev: UdpDevice,
+    /// The context's number in the device's event router.
+    id: u64,
+}
+
+impl Drop for ContextShared {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.dev.core().query(|st| st.events.close(id));
+    }
+}
+
+/// An open UDP device.
+#[derive(Clone, Debug)]
+pub struct UdpContext {
+    ctx: Arc<ContextShared>,
+}
+
+impl UdpContext {
+    fn core(&self) -> &Core {
+        self.ctx.dev.core()
+    }
+
+    /// The device this context was opened from.
+    pub fn device(&self) -> &UdpDevice {
+        &self.ctx.dev
+    }
+
+    /// The socket's bound address (see [`UdpDevice::local_addr`]).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.ctx.dev.local_addr()
+    }
+
+    /// What the kernel granted the socket (see [`UdpDevice::socket_info`]).
+    pub fn socket_info(&self) -> SocketInfo {
+        self.ctx.dev.socket_info()
+    }
+
+    /// Transport counters summed over the device: packets no QP accepted (malformed, bad ICRC,
+    /// unknown QP, wrong state or source) plus every live and destroyed QP's counters.
+    pub fn device_stats(&self) -> Stats {
+        self.core().query(|st| st.hca.stats())
+    }
+
+    /// Counters of the driver itself: loop wake-ups, datagrams and bytes through the socket,
+    /// send and receive errors.
+    pub fn driver_stats(&self) -> DriverStats {
+        self.core().driver_stats()
+    }
+
+    /// Replaces the device's fault plan at run time (`None` removes it). The injector starts
+    /// afresh (counters and rule state reset); datagrams already delayed or held stay so.
+    /// `InvalidArgument` for an invalid plan, leaving the old one in place.
+    pub fn set_faults(&self, plan: Option<FaultPlan>) -> Result<()> {
+        let injector = plan
+            .map(Injector::new)
+            .transpose()
+            .map_err(|e| Error::invalid(format!("fault plan: {e}")))?;
+        self.core().faults().injector = injector;
+        Ok(())
+    }
+
+    /// The verdict counters of the device's injector, if a plan is installed.
+    pub fn fault_counters(&self) -> Option<Counters> {
+        self.core()
+            .faults()
+            .injector
+            .as_ref()
+            .map(|i| i.counters().clone())
+    }
+
+    /// Sends every datagram a hold rule is keeping, and retires the hold rules
+    /// ([`Injector::release`]).
+    pub fn release_held(&self) {
+        if let Some(injector) = self.core().faults().injector.as_mut() {
+            injector.release();
+        }
+        self.core().release_held();
+    }
+
+    /// Busy-poll mode: the progress thread spins on nonblocking receives instead of sleeping
+    /// in `epoll_wait`, trading a whole CPU for latency (worth it only with the thread pinned
+    /// to its own CPU; see udp-limits.md). Off by default.
+    pub fn set_busy_poll(&self, on: bool) {
+        self.core().set_busy_poll(on);
+    }
+
+    /// Whether busy-poll mode is on.
+    pub fn busy_poll(&self) -> bool {
+        self.core().busy_poll()
+    }
+
+    /// Runs `f` on the device state, as a command that may give the thread work.
+    fn cmd<R>(&self, f: impl FnOnce(&mut DevState, Instant) -> R) -> R {
+        self.core().command(f)
+    }
+
+    /// Like `cmd` for a live handle: fails with `Destroyed` if `alive` was cleared.
+    fn with_live<R>(
+        &self,
+        alive: &AtomicBool,
+        what: &str,
+        f: impl FnOnce(&mut DevState, Instant) -> Result<R>,
+    ) -> Result<R> {
+        self.cmd(|st, now| {
+            if !alive.load(Ordering::Acquire) {
+                return Err(Error::destroyed(what));
+            }
+            f(st, now)
+        })
+    }
+
+    /// Like `with_live` for calls that give the thread no work.
+    fn query_live<R>(
+        &self,
+        alive: &AtomicBool,
+        what: &str,
+        f: impl FnOnce(&mut DevState) -> Result<R>,
+    ) -> Result<R> {
+        self.core().query(|st| {
+            if !alive.load(Ordering::Acquire) {
+                return Err(Error::destroyed(what));
+            }
+            f(st)
+        })
+    }
+
+    fn same_context(&self, other: &UdpContext, what: &str) -> Result<()> {
+        if Arc::ptr_eq(&self.ctx, &other.ctx) {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!("{what} belongs to another context")))
+        }
+    }
+
+    fn register(&self, pd: &UdpPd, region: Region, access: AccessFlags) -> Result<UdpMr> {
+        self.same_context(&pd.0.ctx, "PD")?;
+        let region = Arc::new(region);
+        let info = self.with_live(&pd.0.alive, "PD", |st, _| {
+            let info = st
+                .hca
+                .reg_mr(pd.0.id, region.addr(), region.len() as u64, access)?;
+            st.mem.insert(info.lkey, region.clone());
+            Ok(info)
+        })?;
+        Ok(UdpMr(Arc::new(MrInner {
+            ctx: self.clone(),
+            info,
+            region,
+            alive: AtomicBool::new(true),
+            _pd: pd.clone(),
+        })))
+    }
+}
+
+impl Context for UdpContext {
+    type Pd = UdpPd;
+    type Mr = UdpMr;
+    type Cq = UdpCq;
+    type Channel = UdpChannel;
+    type Srq = UdpSrq;
+    type Qp = UdpQp;
+
+    fn device_name(&self) -> String {
+        self.ctx.dev.0.name.clone()
+    }
+
+    fn query_device(&self) -> Result<DeviceAttr> {
+        Ok(self.core().query(|st| st.hca.device_attr()))
+    }
+
+    fn query_port(&self, port_num: u8) -> Result<PortAttr> {
+        self.core().query(|st| st.hca.port_attr(port_num))
+    }
+
+    fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid> {
+        self.core().query(|st| st.hca.gid(port_num, index))
+    }
+
+    fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16> {
+        self.core().query(|st| st.hca.pkey(port_num, index))
+    }
+
+    fn alloc_pd(&self) -> Result<UdpPd> {
+        let id = self.core().query(|st| st.hca.alloc_pd())?;
+        Ok(UdpPd(Arc::new(PdInner {
+            ctx: self.clone(),
+            id,
+            alive: AtomicBool::new(true),
+        })))
+    }
+
+    fn alloc_mr(&self, pd: &UdpPd, len: usize, access: AccessFlags) -> Result<UdpMr> {
+        if len == 0 {
+            return Err(Error::invalid("MR length is zero"));
+        }
+        let max = self.query_device()?.max_mr_size;
+        if len as u64 > max {
+            return Err(Error::invalid("MR length above max_mr_size"));
+        }
+        self.register(pd, Region::heap(len), access)
+    }
+
+    fn reg_mr_file(
+        &self,
+        pd: &UdpPd,
+        path: &Path,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<UdpMr> {
+        if len == 0 {
+            return Err(Error::invalid("MR length is zero"));
+        }
+        let region = Region::file(path, len)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("mapping {}: {e}", path.display())))?;
+        self.register(pd, region, access)
+    }
+
+    #[allow(unsafe_code)] // implements the trait's `unsafe fn`; the contract passes through
+    unsafe fn reg_mr_raw(
+        &self,
+        pd: &UdpPd,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<UdpMr> {
+        let ptr = NonNull::new(addr).ok_or_else(|| Error::invalid("MR address is null"))?;
+        if len == 0 {
+            return Err(Error::invalid("MR length is zero"));
+        }
+        // SAFETY: the caller promises, per `Context::reg_mr_raw`, that the range stays valid
+        // for reads and writes while the MR is registered; the region lives no longer (the
+        // device's memory map drops it at deregistration).
+        let region = unsafe { Region::caller(ptr, len) };
+        self.register(pd, region, access)
+    }
+
+    fn create_comp_channel(&self) -> Result<UdpChannel> {
+        let shared = Arc::new(ChannelShared::new()?);
+        let id = self.core().query(|st| {
+            let id = st.hca.create_comp_channel()?;
+            st.channels.insert(id, shared.clone());
+            Ok::<_, Error>(id)
+        })?;
+        Ok(UdpChannel(Arc::new(ChannelInner {
+            ctx: self.clone(),
+            id,
+            shared,
+            alive: AtomicBool::new(true),
+        })))
+    }
+
+    fn create_cq(&self, cqe: u32, channel: Option<&UdpChannel>) -> Result<UdpCq> {
+        if let Some(ch) = channel {
+            self.same_context(&ch.0.ctx, "completion channel")?;
+        }
+        let id = self.core().query(|st| {
+            if channel.is_some_and(|ch| !ch.0.alive.load(Ordering::Acquire)) {
+                return Err(Error::destroyed("completion channel"));
+            }
+            let id = st.hca.create_cq(cqe, channel.map(|c| c.0.id))?;
+            st.events.own(EventElement::Cq(id.0), self.ctx.id);
+            Ok(id)
+        })?;
+        Ok(UdpCq(Arc::new(CqInner {
+            ctx: self.clone(),
+            id,
+            alive: AtomicBool::new(true),
+            _channel: channel.cloned(),
+        })))
+    }
+
+    fn create_srq(&self, pd: &UdpPd, attr: &SrqAttr) -> Result<UdpSrq> {
+        self.same_context(&pd.0.ctx, "PD")?;
+        let id = self.query_live(&pd.0.alive, "PD", |st| st.hca.create_srq(pd.0.id, attr))?;
+        Ok(UdpSrq(Arc::new(SrqInner {
+            ctx: self.clone(),
+            id,
+            alive: AtomicBool::new(true),
+            _pd: pd.clone(),
+        })))
+    }
+
+    fn create_qp(
+        &self,
+        pd: &UdpPd,
+        send_cq: &UdpCq,
+        recv_cq: &UdpCq,
+        srq: Option<&UdpSrq>,
+        attr: &QpInitAttr,
+    ) -> Result<UdpQp> {
+        self.same_context(&pd.0.ctx, "PD")?;
+        self.same_context(&send_cq.0.ctx, "send CQ")?;
+        self.same_context(&recv_cq.0.ctx, "receive CQ")?;
+        if let Some(srq) = srq {
+            self.same_context(&srq.0.ctx, "SRQ")?;
+        }
+        let qpn = self.core().query(|st| {
+            let live = [
+                (&pd.0.alive, "PD"),
+                (&send_cq.0.alive, "send CQ"),
+                (&recv_cq.0.alive, "receive CQ"),
+            ];
+            if let Some((_, what)) = live.iter().find(|(a, _)| !a.load(Ordering::Acquire)) {
+                return Err(Error::destroyed(what));
+            }
+            if srq.is_some_and(|s| !s.0.alive.load(Ordering::Acquire)) {
+                return Err(Error::destroyed("SRQ"));
+            }
+            let qpn = st.hca.create_qp(
+                pd.0.id,
+                send_cq.0.id,
+                recv_cq.0.id,
+                srq.map(|s| s.0.id),
+                attr,
+            )?;
+            st.events.own(EventElement::Qp(qpn), self.ctx.id);
+            Ok(qpn)
+        })?;
+        Ok(UdpQp(Arc::new(QpInner {
+            ctx: self.clone(),
+            qpn,
+            qp_type: attr.qp_type,
+            alive: AtomicBool::new(true),
+            _pd: pd.clone(),
+            _send_cq: send_cq.clone(),
+            _recv_cq: recv_cq.clone(),
+            _srq: srq.cloned(),
+        })))
+    }
+
+    /// The next event about this context's QPs, CQs and SRQs, or about the port or device;
+    /// events of objects another context created go to that context.
+    fn poll_async_event(&self) -> Option<AsyncEvent> {
+        let id = self.ctx.id;
+        self.core().query(|st| st.events.pop(id))
+    }
+}
+
+/// Destroys an object on drop unless it was destroyed explicitly.
+macro_rules! drop_destroys {
+    ($inner:ty, |$st:ident, $this:ident| $body:expr) => {
+        impl Drop for $inner {
+            fn drop(&mut self) {
+                let $this = &*self;
+                if $this.alive.swap(false, Ordering::AcqRel) {
+                    let _ = $this.ctx.cmd(|$st, _| $body);
+                }
+            }
+        }
+    };
+}
+
+// ---- PD ------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct PdInner {
+    ctx: UdpContext,
+    id: PdId,
+    alive: AtomicBool,
+}
+drop_destroys!(PdInner, |st, this| st.hca.dealloc_pd(this.id));
+
+/// A protection domain of a UDP device.
+#[derive(Clone, Debug)]
+pub struct UdpPd(Arc<PdInner>);
+
+impl ProtectionDomain for UdpPd {
+    fn handle(&self) -> u32 {
+        self.0.id.0
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let this = &self.0;
+        this.ctx.query_live(&this.alive, "PD", |st| {
+            st.hca.dealloc_pd(this.id)?;
+            this.alive.store(false, Ordering::Release);
+            Ok(())
+        })
+    }
+}
+
+// ---- MR ------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct MrInner {
+    ctx: UdpContext,
+    info: MrInfo,
+    region: Arc<Region>,
+    alive: AtomicBool,
+    _pd: UdpPd,
+}
+drop_destroys!(MrInner, |st, this| {
+    st.mem.remove(this.info.lkey);
+    st.hca.dereg_mr(this.info.lkey)
+});
+
+/// A memory region of a UDP device; its bytes are owned by the emulator (heap or file
+/// mapping) or by the caller (`reg_mr_raw`).
+#[derive(Clone, Debug)]
+pub struct UdpMr(Arc<MrInner>);
+
+impl UdpMr {
+    fn check_alive(&self) -> Result<()> {
+        if self.0.alive.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Error::destroyed("MR"))
+        }
+    }
+}
+
+impl MemoryRegion for UdpMr {
+    fn lkey(&self) -> u32 {
+        self.0.info.lkey
+    }
+
+    fn rkey(&self) -> u32 {
+        self.0.info.rkey
+    }
+
+    fn addr(&self) -> u64 {
+        self.0.info.iova
+    }
+
+    fn len(&self) -> usize {
+        self.0.region.len()
+    }
+
+    fn access(&self) -> AccessFlags {
+        self.0.info.access
+    }
+
+    fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        self.check_alive()?;
+        self.0.region.read(offset, buf).map_err(|_| {
+            Error::invalid(format!(
+                "read {offset}+{} outside MR of {} bytes",
+                buf.len(),
+                self.len()
+            ))
+        })
+    }
+
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_alive()?;
+        self.0.region.write(offset, data).map_err(|_| {
+            Error::invalid(format!(
+                "write {offset}+{} outside MR of {} bytes",
+                data.len(),
+                self.len()
+            ))
+        })
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let this = &self.0;
+        this.ctx.with_live(&this.alive, "MR", |st, _| {
+            st.hca.dereg_mr(this.info.lkey)?;
+            st.mem.remove(this.info.lkey);
+            this.alive.store(false, Ordering::Release);
+            Ok(())
+        })
+    }
+}
+
+// ---- completion channel --------------------------------------------------------------------
+
+#[derive(Debug)]
+struct ChannelInner {
+    ctx: UdpContext,
+    id: ChannelId,
+    shared: Arc<ChannelShared>,
+    alive: AtomicBool,
+}
+drop_destroys!(ChannelInner, |st, this| {
+    st.channels.remove(&this.id);
+    st.hca.destroy_comp_channel(this.id)
+});
+
+/// A completion channel of a UDP device. Its fd (`AsFd`/`AsRawFd`) is readable while events
+/// are pending, so it can be registered with epoll, mio or tokio; the progress thread makes it
+/// readable when an armed CQ gets a completion.
+#[derive(Clone, Debug)]
+pub struct UdpChannel(Arc<ChannelInner>);
+
+impl CompletionChannel for UdpChannel {
+    fn get_cq_event(&self) -> Result<Option<u32>> {
+        if !self.0.alive.load(Ordering::Acquire) {
+            return Err(Error::destroyed("completion channel"));
+        }
+        Ok(self.0.shared.try_get())
+    }
+
+    fn wait_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
+        if !self.0.alive.load(Ordering::Acquire) {
+            return Err(Error::destroyed("completion channel"));
+        }
+        Ok(self.0.shared.wait(timeout))
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let this = &self.0;
+        this.ctx
+            .query_live(&this.alive, "completion channel", |st| {
+                st.hca.destroy_comp_channel(this.id)?;
+                st.channels.remove(&this.id);
+                this.alive.store(false, Ordering::Release);
+                Ok(())
+            })
+    }
+}
+
+impl AsFd for UdpChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.shared.as_fd()
+    }
+}
+
+impl AsRawFd for UdpChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.shared.as_raw_fd()
+    }
+}
+
+// ---- CQ ------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct CqInner {
+    ctx: UdpContext,
+    id: CqId,
+    alive: AtomicBool,
+    _channel: Option<UdpChannel>,
+}
+drop_destroys!(CqInner, |st, this| {
+    let _ = st.hca.ack_cq_events(this.id, u32::MAX);
+    st.hca.destroy_cq(this.id)
+});
+
+/// A completion queue of a UDP device. Completions arrive from the progress thread; poll it
+/// or arm it and wait on its channel.
+#[derive(Clone, Debug)]
+pub struct UdpCq(Arc<CqInner>);
+
+impl CompletionQueue for UdpCq {
+    fn handle(&self) -> u32 {
+        self.0.id.0
+    }
+
+    fn capacity(&self) -> u32 {
+        let this = &self.0;
+        this.ctx
+            .query_live(&this.alive, "CQ", |st| {
+                Ok(st.hca.cq_capacity(this.id).unwrap_or(0))
+            })
+            .unwrap_or(0)
+    }
+
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let this = &self.0;
+        this.ctx
+            .query_live(&this.alive, "CQ", |st| st.hca.poll_cq(this.id, out))
+    }
+
+    fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let this = &self.0;
+        this.ctx.with_live(&this.alive, "CQ", |st, _| {
+            st.hca.req_notify_cq(this.id, solicited_only)
+        })
+    }
+
+    fn ack_events(&self, n: u32) {
+        let this = &self.0;
+        let _ = this
+            .ctx
+            .query_live(&this.alive, "CQ", |st| st.hca.ack_cq_events(this.id, n));
+    }
+
+    fn resize(&self, cqe: u32) -> Result<()> {
+        let this = &self.0;
+        this.ctx
+            .query_live(&this.alive, "CQ", |st| st.hca.resize_cq(this.id, cqe))
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let this = &self.0;
+        this.ctx.query_live(&this.alive, "CQ", |st| {
+            st.hca.destroy_cq(this.id)?;
+            this.alive.store(false, Ordering::Release);
+            Ok(())
+        })
+    }
+}
+
+// ---- SRQ -----------------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct SrqInner {
+    ctx: UdpContext,
+    id: SrqId,
+    alive: AtomicBool,
+    _pd: UdpPd,
+}
+drop_destroys!(SrqInner, |st, this| st.hca.destroy_srq(this.id));
+
+/// A shared receive queue of a UDP device.
+#[derive(Clone, Debug)]
+pub struct UdpSrq(Arc<SrqInner>);
+
+impl SharedReceiveQueue for UdpSrq {
+    fn handle(&self) -> u32 {
+        self.0.id.0
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let this = &self.0;
+        this.ctx.cmd(|st, _| {
+            if !this.alive.load(Ordering::Acquire) {
+                return Err(PostError::new(0, Error::destroyed("SRQ")));
+            }
+            st.hca.post_srq_recv(this.id, wrs)
+        })
+    }
+
+    fn query(&self) -> Result<SrqAttr> {
+        let this = &self.0;
+        this.ctx
+            .query_live(&this.alive, "SRQ", |st| st.hca.query_srq(this.id))
+    }
+
+    fn arm_limit(&self, srq_limit: u32) -> Result<()> {
+        let this = &self.0;
+        this.ctx.query_live(&this.alive, "SRQ", |st| {
+            st.hca.arm_srq_limit(this.id, srq_limit)
+        })
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let this = &self.0;
+        this.ctx.query_live(&this.alive, "SRQ", |st| {
+            st.hca.destroy_srq(this.id)?;
+            this.alive.store(false, Ordering::Release);
+            Ok(())
+        })
+    }
+}
+
+// ---- QP ------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct QpInner {
+    ctx: UdpContext,
+    qpn: u32,
+    qp_type: QpType,
+    alive: AtomicBool,
+    _pd: UdpPd,
+    _send_cq: UdpCq,
+    _recv_cq: UdpCq,
+    _srq: Option<UdpSrq>,
+}
+drop_destroys!(QpInner, |st, this| st.hca.destroy_qp(this.qpn));
+
+/// A queue pair of a UDP device. Posting rings the progress thread, which sends the packets.
+#[derive(Clone, Debug)]
+pub struct UdpQp(Arc<QpInner>);
+
+impl UdpQp {
+    fn post<R>(
+        &self,
+        f: impl FnOnce(&mut Hca, Instant) -> Result<R, PostError>,
+    ) -> Result<R, PostError> {
+        let this = &self.0;
+        this.ctx.cmd(|st, now| {
+            if !this.alive.load(Ordering::Acquire) {
+                return Err(PostError::new(0, Error::destroyed("QP")));
+            }
+            f(&mut st.hca, now)
+        })
+    }
+
+    /// This QP's transport counters (packets, retransmissions, drops); `Destroyed` after
+    /// `destroy`.
+    pub fn stats(&self) -> Result<Stats> {
+        let this = &self.0;
+        this.ctx
+            .query_live(&this.alive, "QP", |st| st.hca.qp_stats(this.qpn))
+    }
+}
+
+impl QueuePair for UdpQp {
+    fn qp_num(&self) -> u32 {
+        self.0.qpn
+    }
+
+    fn qp_type(&self) -> QpType {
+        self.0.qp_type
+    }
+
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let this = &self.0;
+        this.ctx.with_live(&this.alive, "QP", |st, now| {
+            st.hca.modify_qp(now, this.qpn, attr, mask)
+        })
+    }
+
+    fn query(&self) -> Result<QpAttr> {
+        let this = &self.0;
+        this.ctx
+            .query_live(&this.alive, "QP", |st| st.hca.query_qp(this.qpn))
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let qpn = self.0.qpn;
+        self.post(|hca, now| hca.post_send(now, qpn, wrs))
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let qpn = self.0.qpn;
+        self.post(|hca, _| hca.post_recv(qpn, wrs))
+    }
+
+    fn endpoint(&self, psn: u32) -> Result<Endpoint> {
+        if psn > verbs_api::MAX_24BIT {
+            return Err(Error::invalid("PSN is not a 24-bit number"));
+        }
+        let this = &self.0;
+        this.ctx.query_live(&this.alive, "QP", |st| {
+            let config = st.hca.config();
+            Ok(Endpoint {
+                qpn: this.qpn,
+                psn,
+                gid: config.gid,
+                udp_port: config.udp_port,
+            })
+        })
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let this = &self.0;
+        this.ctx.with_live(&this.alive, "QP", |st, _| {
+            st.hca.destroy_qp(this.qpn)?;
+            this.alive.store(false, Ordering::Release);
+            Ok(())
+        })
+    }
+}

@@ -799,6 +799,11 @@ impl Hca {
             .remove(index)
             .ok_or_else(|| Error::invalid("no such QP"))?;
         self.retain_qp_refs(qp.pd, qp.send_cq, qp.recv_cq, qp.srq, -1);
+        // `stats()` sums destroyed QPs too (stats.rs), and no timer may outlive its QP.
+        self.stats += qp.rc.stats;
+        if let Some(at) = qp.rc.timer_key {
+            self.timers.remove(&(at, qpn));
+        }
         Ok(())
     }
 
@@ -914,7 +919,8 @@ impl Hca {
             };
             let len = responder::next_packet(qp, &mut ctx, src_ip, buf)
                 .or_else(|| requester::next_packet(qp, &mut ctx, src_ip, buf));
-            let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Verdict::Fatal;
+            let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Verdict::Fatal
+                || std::mem::take(&mut qp.rc.resp_fatal);
             let dst = SocketAddr::new(qp.attr.ah_attr.dgid.to_ip(), qp.attr.ah_attr.udp_dport);
             let src_port = crate::wire::ip::udp_sport(qpn, qp.attr.dest_qp_num);
             self.after_step(qpn, fatal, len.is_some());

@@ -6,7 +6,7 @@ use verbs_api::{
     AccessFlags, AsyncEventKind, EventElement, QpState, SendOp, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::requester::{position, sg_copy};
+use super::requester::sg_copy;
 use super::{Ctx, ack_timeout, nak_status};
 use crate::memory::MemoryFault;
 use crate::qp::{Qp, SendWqe};
@@ -89,16 +89,18 @@ fn ack_through(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn) {
             break;
         }
         if head.op.is_read_or_atomic() {
-            if !psn.is_before(t.first_psn) {
-                // Implicit ACK beyond a READ/atomic whose response never came (§2.8).
-                new_comp = t.first_psn;
-                if !qp.rc.started_retry {
-                    qp.rc.started_retry = true;
-                    qp.rc.retry_by_timeout = false;
-                    qp.rc.comp_psn = new_comp;
-                    rewind(qp);
-                    return;
-                }
+            // Everything before the READ/atomic is acknowledged; comp_psn never moves back
+            // (it may already be inside a partly answered READ).
+            new_comp = t.first_psn;
+            // Only an ACK past the whole READ/atomic means its responses were lost: retry
+            // (§2.8, rxe `check_psn`: psn after wqe->last_psn). A newer response *inside* the
+            // READ is dropped and the timer recovers (§2.10).
+            if !psn.is_before(t.last_psn()) && !qp.rc.started_retry {
+                progress(qp, ctx, new_comp);
+                qp.rc.started_retry = true;
+                qp.rc.retry_by_timeout = false;
+                rewind(qp);
+                return;
             }
             break;
         }
@@ -234,6 +236,11 @@ fn retry(qp: &mut Qp, ctx: &mut Ctx<'_>, by_timeout: bool) -> Verdict {
         return fail_head(qp, ctx, WcStatus::RetryExcErr);
     }
     qp.rc.retry_left -= 1;
+    // Counts retries actually started, as rxe's `completer_retry_err` (stats.rs); the timeout
+    // that finds `retry_cnt` used up counts as `retry_exceeded_err` only.
+    if by_timeout {
+        qp.rc.stats.timeout_retries += 1;
+    }
     qp.rc.started_retry = !by_timeout;
     qp.rc.retry_by_timeout = by_timeout;
     qp.rc.retransmit_at = None;
@@ -275,7 +282,6 @@ pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
     if qp.rc.retransmit_at.is_some_and(|t| t <= ctx.now) {
         qp.rc.retransmit_at = None;
         if qp.rc.comp_psn != qp.rc.req_psn && qp.rc.rnr_at.is_none() {
-            qp.rc.stats.timeout_retries += 1;
             return retry(qp, ctx, true);
         }
     }
@@ -304,11 +310,21 @@ fn read_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdic
     if i >= t.npkts || i < t.read_from {
         return fail_head(qp, ctx, WcStatus::BadRespErr);
     }
-    // Opcode position relative to the latest (possibly partial, §3.8) request.
-    let expected = position(i - t.read_from, t.npkts - t.read_from);
+    // The opcode's position must fit packet i of a request that started at some packet
+    // s <= i: after a go-back-N the responses of the original request and of a partial
+    // re-request (§3.8) may both still be in flight, so either is in sequence.
+    let n = t.npkts;
+    let last = i + 1 == n;
+    let pos_ok = match pkt.bth.opcode.position() {
+        Some(Position::First) => !last,
+        Some(Position::Middle) => i > 0 && !last,
+        Some(Position::Last) => i > 0 && last,
+        Some(Position::Only) => last,
+        None => false,
+    };
     let offset = u64::from(i) * u64::from(mtu);
     let want = head.length.saturating_sub(offset).min(u64::from(mtu));
-    if pkt.bth.opcode.position() != Some(expected) || pkt.payload.len() as u64 != want {
+    if !pos_ok || pkt.payload.len() as u64 != want {
         return fail_head(qp, ctx, WcStatus::BadRespErr);
     }
     let placed = sg_copy(
@@ -323,7 +339,7 @@ fn read_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdic
     }
     qp.rc.stats.rcvd_bytes += want;
     progress(qp, ctx, psn.wrapping_add(1));
-    if matches!(expected, Position::Last | Position::Only) {
+    if last {
         complete_head(qp, ctx, WcStatus::Success);
     }
     Verdict::Done

@@ -106,12 +106,19 @@ pub(crate) struct RcState {
     pub(crate) retry_by_timeout: bool,
     // ---- responder (receive side) ----
     pub(crate) epsn: Psn,
+    /// One past the PSN of the last accepted SEND/WRITE/atomic packet (rxe `resp.ack_psn`):
+    /// duplicates of SEND/WRITE are re-ACKed with `ack_psn − 1`. READs do not move it, so a
+    /// re-ACK never carries a READ-response PSN (rc-transport.md §4.5, [S48]).
+    pub(crate) ack_psn: Psn,
     pub(crate) msn: u32,
     /// A PSN sequence NAK was sent for the current gap (§2.6: one per gap).
     pub(crate) seq_nak_sent: bool,
     pub(crate) msg: InMsg,
     /// READ/atomic responder resources, oldest first, at most `max_dest_rd_atomic`.
     pub(crate) resources: VecDeque<Resource>,
+    /// Building a response hit a class C error (an R_Key gone mid-READ): the HCA moves the QP
+    /// to ERR once the NAK is out.
+    pub(crate) resp_fatal: bool,
     pub(crate) responses: VecDeque<Response>,
     // ---- bookkeeping ----
     pub(crate) stats: Stats,

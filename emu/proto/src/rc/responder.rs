@@ -177,6 +177,10 @@ fn execute_in_order(
     .inspect(|d| {
         if *d == Disposition::Accepted {
             accept(qp, pkt.bth.ack_req && !rd, psn);
+            // A READ does not move the re-ACK PSN (§4.5: never a read-response PSN).
+            if op != Opcode::RdmaReadRequest {
+                qp.rc.ack_psn = psn.wrapping_add(1);
+            }
         }
     })
 }
@@ -509,8 +513,9 @@ fn duplicate(qp: &mut Qp, pkt: &PacketRepr<'_>) -> Disposition {
     let op = pkt.bth.opcode;
     let rc = &mut qp.rc;
     if op.is_send() || op.is_write() {
-        // Re-ACK with the last acknowledged PSN, not the duplicate's own (C9-105).
-        let last = rc.epsn.wrapping_add(0xFF_FFFF);
+        // Re-ACK with the last acknowledged request PSN, not the duplicate's own (C9-105) and
+        // not a READ-response PSN (§4.5, [S48]).
+        let last = rc.ack_psn.wrapping_add(0xFF_FFFF);
         match rc.responses.back_mut() {
             Some(Response::Ack { psn }) => *psn = last,
             _ => rc.responses.push_back(Response::Ack { psn: last }),
@@ -694,6 +699,10 @@ pub(crate) fn next_packet(
                         psn: first_psn.wrapping_add(sent),
                         code: NakCode::RemoteAccessError,
                     };
+                    // An R_Key violation is a class C error: the QP enters ERR after this NAK
+                    // and answers nothing more (§4.3, §4.4; rxe RESPST_ERR_RKEY_VIOLATION).
+                    qp.rc.responses.truncate(1);
+                    qp.rc.resp_fatal = true;
                     return next_packet(qp, ctx, src_ip, buf);
                 }
             }

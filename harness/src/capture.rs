@@ -245,10 +245,7 @@ impl Demo {
 
     fn post_recv(&self, wr_id: u64) -> Result<(), CaptureError> {
         let p = &self.main;
-        let sge = [p
-            .mr_b
-            .sge(RECV_AT, 1024)
-            .map_err(|e| failed("SGE", e))?];
+        let sge = [p.mr_b.sge(RECV_AT, 1024).map_err(|e| failed("SGE", e))?];
         p.qp_b
             .post_recv(&[RecvWr::new(wr_id, &sge)])
             .map_err(|e| failed("posting a receive", e))

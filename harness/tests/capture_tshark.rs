@@ -58,7 +58,11 @@ fn check_summary(summary: &CaptureSummary) {
         assert!(seen.contains(&op), "no {} packet in the demo", op.name());
     }
     for op in NOT_EMITTED {
-        assert!(!seen.contains(&op), "{} is not a verbs operation", op.name());
+        assert!(
+            !seen.contains(&op),
+            "{} is not a verbs operation",
+            op.name()
+        );
     }
     let syndromes: Vec<_> = summary.packets.iter().filter_map(|p| p.syndrome).collect();
     assert!(syndromes.contains(&Syndrome::ACK_UNLIMITED));

@@ -45,8 +45,12 @@
 //! plan's seed, overridden by the environment variable `SOFTVERBS_SEED` ([`SEED_ENV`]). The
 //! same seed, plan and single-threaded call sequence give the same packet trace:
 //! [`SimProvider::trace_hash`] hashes every delivered datagram (time, source, destination,
-//! bytes). [`seed_from_env`] picks a test's seed and prints `SOFTVERBS_SEED=<n>`, which the test
-//! harness shows when the test fails; rerun with `SOFTVERBS_SEED=<n> cargo test <name>`.
+//! bytes). For that, MRs the emulator allocates (`alloc_mr`, `reg_mr_file`) get synthetic,
+//! deterministic virtual addresses per device (from `0x1000_0000`, page aligned), not host
+//! pointers; `reg_mr_raw` keeps the caller's address, so traces that carry it (RETH, AtomicETH)
+//! are only as reproducible as that address. [`seed_from_env`] picks a test's seed and prints
+//! `SOFTVERBS_SEED=<n>`, which the test harness shows when the test fails; rerun with
+//! `SOFTVERBS_SEED=<n> cargo test <name>`.
 //!
 //! # Observing
 //!

@@ -2,20 +2,24 @@
 //! share one fabric.
 //!
 //! Every verbs call locks the fabric briefly, applies the command to the device's HCA and then
-//! delivers what the HCA produced (completion-channel notifications, async events). Handles
-//! keep their parents alive (a QP holds its PD, CQs and SRQ); an explicitly destroyed handle
-//! fails every later call with `ErrorKind::Destroyed`.
+//! runs the fabric (see `fabric`) and delivers what the HCAs produced (completion-channel
+//! notifications, async events). Calls that find nothing while the application waits (an empty
+//! CQ poll, an empty completion channel or async event queue) also let virtual time reach the
+//! next timer deadline. Handles keep their parents alive (a QP holds its PD, CQs and SRQ); an
+//! explicitly destroyed handle fails every later call with `ErrorKind::Destroyed`.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use emu_proto::{ChannelId, CqId, Hca, HcaConfig, Instant, MrInfo, PdId, SrqId};
+use emu_capture::PcapSink;
+use emu_fault::{Counters, FaultPlan, Injector, NodeId, PlanError};
+use emu_proto::{ChannelId, CqId, Hca, HcaConfig, Instant, MrInfo, PdId, SrqId, Stats};
 use verbs_api::{
     AccessFlags, AsyncEvent, CompletionChannel, CompletionQueue, Context, Device, DeviceAttr,
     Endpoint, Error, ErrorKind, Gid, MemoryRegion, PortAttr, PostError, ProtectionDomain, Provider,
@@ -24,8 +28,12 @@ use verbs_api::{
 };
 
 use crate::channel::ChannelShared;
-use crate::fabric::{NodeMemory, PumpNode, Wire, pump};
+use crate::fabric::{
+    Goal, NodeMemory, PumpNode, Pumped, TraceRecord, Wire, WireConfig, next_event, node_id, pump,
+};
+use crate::pair::SimPair;
 use crate::region::Region;
+use crate::seed::env_seed;
 
 /// One emulated device on the fabric.
 #[derive(Debug)]
@@ -35,6 +43,9 @@ struct Node {
     addr: SocketAddr,
     channels: HashMap<ChannelId, Arc<ChannelShared>>,
     events: VecDeque<AsyncEvent>,
+    /// Virtual address of the next emulator-owned MR: deterministic, so that the same calls
+    /// put the same addresses on the wire in every run.
+    next_iova: u64,
 }
 
 impl PumpNode for Node {
@@ -64,57 +75,175 @@ impl Node {
 struct FabricState {
     nodes: Vec<Node>,
     wire: Wire,
+    seed: u64,
+    /// The last pump ran out of budget: work is left even if no event is pending.
+    unsettled: bool,
 }
 
-/// Builds a [`SimProvider`].
+impl FabricState {
+    /// Runs the fabric toward `goal` and hands notifications and events to the application.
+    fn pump(&mut self, goal: Goal) -> Pumped {
+        let FabricState { nodes, wire, .. } = self;
+        let pumped = pump(wire, nodes, goal);
+        for node in nodes.iter_mut() {
+            node.deliver();
+        }
+        self.unsettled = pumped.exhausted;
+        pumped
+    }
+
+    /// Time from now until the next pending event; `None` if nothing is pending.
+    fn next_event_in(&mut self) -> Option<Duration> {
+        if self.unsettled {
+            return Some(Duration::ZERO);
+        }
+        let FabricState { nodes, wire, .. } = self;
+        wire.tick();
+        next_event(wire, nodes).map(|at| at - wire.now)
+    }
+
+    fn node_mut(&mut self, node: usize) -> Result<&mut Node> {
+        self.nodes
+            .get_mut(node)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, "device vanished"))
+    }
+}
+
+/// Virtual address of a device's first emulator-owned MR.
+const FIRST_IOVA: u64 = 0x1000_0000;
+/// Page size for synthetic MR addresses.
+const PAGE: u64 = 4096;
+
+/// Environment variable that overrides every [`SimBuilder::seed`]: set it to the seed a failing
+/// test printed to replay the run (decimal, or hex with `0x`).
+pub const SEED_ENV: &str = "SOFTVERBS_SEED";
+
+/// Builds a [`SimProvider`]: number of devices, seed, latency, fault plan, clock, capture.
+///
+/// One seed drives every random choice of the provider: the fault plan's random streams and
+/// the HCAs' key bytes. It is, in order of precedence, the value of the [`SEED_ENV`]
+/// environment variable, [`SimBuilder::seed`], the seed of the plan given to
+/// [`SimBuilder::faults`], or 0. Same seed, plan and sequence of verbs calls (from one thread)
+/// give the same packet trace ([`SimProvider::trace_hash`]).
 #[derive(Clone, Debug)]
 pub struct SimBuilder {
     devices: usize,
-    seed: u64,
+    seed: Option<u64>,
     latency: Duration,
+    faults: Option<FaultPlan>,
+    capture: Option<PathBuf>,
+    real_time: bool,
+    record: bool,
 }
 
 impl Default for SimBuilder {
     fn default() -> SimBuilder {
         SimBuilder {
             devices: 2,
-            seed: 0,
+            seed: None,
             latency: Duration::from_micros(1),
+            faults: None,
+            capture: None,
+            real_time: false,
+            record: false,
         }
     }
 }
 
 impl SimBuilder {
     /// Number of emulated devices (default 2), named `softverbs0`, `softverbs1`, …, with GIDs
-    /// `::ffff:127.0.0.1`, `::ffff:127.0.0.2`, ….
+    /// `::ffff:127.0.0.1`, `::ffff:127.0.0.2`, …; device `i` is `NodeId(i)` in fault plans.
     pub fn devices(mut self, n: usize) -> SimBuilder {
         self.devices = n;
         self
     }
 
-    /// Seed for every random choice of the fabric (key bytes today); default 0.
+    /// The seed of every random choice (fault plan and HCA keys); see the type doc for how it
+    /// combines with [`SEED_ENV`] and the plan's own seed.
     pub fn seed(mut self, seed: u64) -> SimBuilder {
-        self.seed = seed;
+        self.seed = Some(seed);
         self
     }
 
-    /// One-way latency of the in-memory wire, in virtual time (default 1 µs).
+    /// One-way latency of the in-memory wire (default 1 µs), added to every delivery after the
+    /// fault plan's delays.
     pub fn latency(mut self, latency: Duration) -> SimBuilder {
         self.latency = latency;
         self
     }
 
-    /// Creates the provider. `InvalidArgument` for more than 254 devices (the GID scheme
-    /// holds 254).
+    /// Runs every datagram through `plan` (an [`emu_fault::Injector`]); its seed is replaced by
+    /// the provider's (type doc). An invalid plan makes [`SimBuilder::build`] fail with
+    /// `InvalidArgument` naming the rule and field.
+    pub fn faults(mut self, plan: FaultPlan) -> SimBuilder {
+        self.faults = Some(plan);
+        self
+    }
+
+    /// Like [`SimBuilder::faults`] with a plan in its TOML form (see `emu_fault`).
+    ///
+    /// Errors: `InvalidArgument` for malformed TOML, unknown keys, opcodes or actions and
+    /// out-of-range values; the message names the line, column and field.
+    pub fn faults_toml(self, text: &str) -> Result<SimBuilder> {
+        let plan = FaultPlan::from_toml(text).map_err(plan_error)?;
+        Ok(self.faults(plan))
+    }
+
+    /// Writes every delivered datagram to a pcap file at `path` (Ethernet/IPv4/UDP framing, IP
+    /// addresses from the device GIDs, port 4791; Wireshark decodes it as RoCEv2). Timestamps
+    /// are virtual time since 1970-01-01 (real-time providers: the wall clock). What the fault
+    /// plan drops never appears; duplicates appear once per copy and corrupted datagrams with
+    /// their flipped bit. Call [`SimProvider::finish_capture`] to flush and check for errors.
+    pub fn capture(mut self, path: impl Into<PathBuf>) -> SimBuilder {
+        self.capture = Some(path.into());
+        self
+    }
+
+    /// Keeps a copy of every delivered datagram in memory for [`SimProvider::take_trace`].
+    pub fn record_trace(mut self) -> SimBuilder {
+        self.record = true;
+        self
+    }
+
+    /// Uses real time instead of virtual time: `now` is the time since the provider was
+    /// created, the fabric delivers what is due and never jumps ahead, and timers fire when
+    /// their deadline passes on the wall clock. Progress is still made only inside calls (CQ
+    /// polls, `wait_cq_event`, …); there is no background thread.
+    pub fn real_time(mut self) -> SimBuilder {
+        self.real_time = true;
+        self
+    }
+
+    /// Creates the provider.
+    ///
+    /// Errors: `InvalidArgument` for more than 254 devices (the GID scheme holds 254), an
+    /// invalid fault plan or an unparsable [`SEED_ENV`]; `Io` if the capture file cannot be
+    /// created.
     pub fn build(self) -> Result<SimProvider> {
         if self.devices > 254 {
             return Err(Error::invalid("at most 254 emulated devices"));
         }
-        let nodes = (0..self.devices)
+        let seed = match env_seed()? {
+            Some(seed) => seed,
+            None => self
+                .seed
+                .or(self.faults.as_ref().map(|p| p.seed))
+                .unwrap_or(0),
+        };
+        let mut plan = self.faults.unwrap_or_else(|| FaultPlan::new(seed));
+        plan.seed = seed;
+        let injector = Injector::new(plan).map_err(plan_error)?;
+        let capture = match &self.capture {
+            Some(path) => Some(PcapSink::create(path).map_err(|e| {
+                Error::new(ErrorKind::Io, format!("capture {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        let nodes: Vec<Node> = (0..self.devices)
             .map(|i| {
                 let octet = u8::try_from(i + 1).unwrap_or(u8::MAX);
                 let gid = Gid::from_ip(IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet)));
-                let seed = self.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let seed = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
                 let config = HcaConfig::new(format!("softverbs{i}"), gid, seed);
                 Node {
                     addr: SocketAddr::new(gid.to_ip(), config.udp_port),
@@ -122,30 +251,278 @@ impl SimBuilder {
                     mem: NodeMemory::default(),
                     channels: HashMap::new(),
                     events: VecDeque::new(),
+                    next_iova: FIRST_IOVA,
                 }
             })
             .collect();
+        let wire = Wire::new(WireConfig {
+            latency: self.latency,
+            real_time: self.real_time,
+            addrs: nodes.iter().map(|n| n.addr).collect(),
+            injector,
+            capture,
+            record: self.record,
+        });
         Ok(SimProvider {
             fabric: Arc::new(Mutex::new(FabricState {
                 nodes,
-                wire: Wire::new(self.latency),
+                wire,
+                seed,
+                unsettled: false,
             })),
         })
     }
+
+    /// Builds the provider and connects an RC QP pair between devices 0 and 1 with
+    /// [`crate::PairOptions::default`]; see [`crate::connect_pair`].
+    ///
+    /// Errors: those of [`SimBuilder::build`] and [`crate::connect_pair`]; `NotFound` with
+    /// fewer than two devices.
+    pub fn pair(self) -> Result<SimPair> {
+        self.build()?.connect_pair(crate::PairOptions::default())
+    }
 }
 
-/// The in-process provider: a set of emulated devices connected by an in-memory fabric.
+/// Converts a rejected fault plan into a verbs error carrying its location.
+fn plan_error(e: PlanError) -> Error {
+    Error::invalid(format!("fault plan: {e}"))
+}
+
+/// The in-process provider: a set of emulated devices connected by an in-memory fabric, with a
+/// seeded fault injector, counters, a trace hash and optional pcap capture.
+///
+/// Clones share the fabric. Every method locks the fabric briefly and may be called from any
+/// thread.
 #[derive(Clone, Debug)]
 pub struct SimProvider {
     fabric: Arc<Mutex<FabricState>>,
 }
 
 impl SimProvider {
-    /// A builder with defaults (2 devices, seed 0).
+    /// A builder with defaults (2 devices, virtual time, no faults).
     pub fn builder() -> SimBuilder {
         SimBuilder::default()
     }
+
+    /// A default provider (2 devices, virtual time, no faults) with an RC QP pair connected
+    /// between its devices: the one-line fixture of a unit test. See [`crate::connect_pair`].
+    ///
+    /// Errors: as [`SimBuilder::pair`].
+    pub fn pair() -> Result<SimPair> {
+        SimBuilder::default().pair()
+    }
+
+    /// Connects an RC QP pair between devices 0 and 1 of this provider (fresh PDs, CQs, MRs
+    /// and QPs); see [`crate::connect_pair`].
+    ///
+    /// Errors: `NotFound` with fewer than two devices; those of [`crate::connect_pair`].
+    pub fn connect_pair(&self, opts: impl Into<crate::PairOptions>) -> Result<SimPair> {
+        let a = self.context(0)?;
+        let b = self.context(1)?;
+        crate::connect_pair(&a, &b, opts)
+    }
+
+    /// Opens device `index` (same as `devices()?[index].open()`).
+    ///
+    /// Errors: `NotFound` if there is no such device.
+    pub fn context(&self, index: usize) -> Result<SimContext> {
+        let name = {
+            let state = self.lock();
+            let node = state.nodes.get(index).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("no device {index} (the provider has {})", state.nodes.len()),
+                )
+            })?;
+            node.hca.config().name.clone()
+        };
+        Ok(SimContext {
+            dev: Arc::new(DeviceShared {
+                fabric: self.fabric.clone(),
+                node: index,
+                name,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FabricState> {
+        lock(&self.fabric)
+    }
+
+    /// The seed this provider runs with (see [`SimBuilder`]); print it with a failing test and
+    /// set [`SEED_ENV`] to it to replay.
+    pub fn seed(&self) -> u64 {
+        self.lock().seed
+    }
+
+    /// True if the provider runs in real time ([`SimBuilder::real_time`]).
+    pub fn is_real_time(&self) -> bool {
+        self.lock().wire.is_real_time()
+    }
+
+    /// The fabric's current time since the provider was created: virtual time, or elapsed
+    /// wall time in real-time mode.
+    pub fn now(&self) -> Duration {
+        let mut state = self.lock();
+        state.wire.tick();
+        Duration::from_nanos(state.wire.now.as_nanos())
+    }
+
+    /// The fault plan as installed (seed included; rules retired by [`SimProvider::heal`] or
+    /// [`SimProvider::release_held`] still listed): print it with a failing test.
+    pub fn fault_plan(&self) -> FaultPlan {
+        self.lock().wire.injector.plan().clone()
+    }
+
+    /// Replaces the fault rules with `plan`'s, from now on. The plan's seed is replaced by the
+    /// provider's; the new rules start fresh (counts, random streams). Run-time partitions,
+    /// held datagrams, counters and the trace hash carry on.
+    ///
+    /// Errors: `InvalidArgument` naming the rule and field for an invalid plan; nothing
+    /// changes then.
+    pub fn set_faults(&self, mut plan: FaultPlan) -> Result<()> {
+        let mut state = self.lock();
+        plan.seed = state.seed;
+        state.wire.injector.set_plan(plan).map_err(plan_error)
+    }
+
+    /// Cuts the link between devices `a` and `b` in both directions, from now until
+    /// [`SimProvider::repair`] or [`SimProvider::heal`]: every datagram between them is lost.
+    pub fn partition(&self, a: NodeId, b: NodeId) {
+        self.lock().wire.injector.partition(a, b);
+    }
+
+    /// Cuts only the `from → to` direction (see [`SimProvider::partition`]).
+    pub fn partition_oneway(&self, from: NodeId, to: NodeId) {
+        self.lock().wire.injector.partition_oneway(from, to);
+    }
+
+    /// Undoes run-time partitions between `a` and `b` (both directions).
+    pub fn repair(&self, a: NodeId, b: NodeId) {
+        self.lock().wire.injector.repair(a, b);
+    }
+
+    /// Restores a healthy network: removes run-time partitions, retires the plan's partition
+    /// and hold rules, and delivers every held datagram (after the link latency). Loss, delay
+    /// and other rules keep running; use [`SimProvider::set_faults`] with an empty plan to
+    /// stop them too.
+    pub fn heal(&self) {
+        let mut state = self.lock();
+        state.wire.injector.heal();
+        state.wire.release_all_held();
+        state.pump(Goal::Settle);
+    }
+
+    /// Ends every hold: hold rules stop selecting datagrams and every held datagram is
+    /// delivered (after the link latency).
+    pub fn release_held(&self) {
+        let mut state = self.lock();
+        state.wire.injector.release();
+        state.wire.release_all_held();
+        state.pump(Goal::Settle);
+    }
+
+    /// Datagrams in flight or held right now.
+    pub fn pending_datagrams(&self) -> usize {
+        self.lock().wire.pending()
+    }
+
+    /// Per-link (`src → dst` device) counts of the fault verdicts given so far: passed,
+    /// dropped, duplicated, delayed, corrupted, truncated, held, partitioned.
+    pub fn fault_counters(&self) -> Counters {
+        self.lock().wire.counters().clone()
+    }
+
+    /// A 64-bit hash over every datagram delivered so far: delivery time, source and
+    /// destination device, and bytes. Stable across runs and platforms: with the same seed,
+    /// fault plan and single-threaded sequence of calls two runs give the same hash.
+    pub fn trace_hash(&self) -> u64 {
+        self.lock().wire.trace_hash()
+    }
+
+    /// Number of datagrams delivered so far.
+    pub fn delivered_datagrams(&self) -> u64 {
+        self.lock().wire.delivered()
+    }
+
+    /// Every datagram delivered since the last call, oldest first; empty unless the provider
+    /// was built with [`SimBuilder::record_trace`].
+    pub fn take_trace(&self) -> Vec<TraceRecord> {
+        self.lock().wire.take_record()
+    }
+
+    /// Stops the capture of [`SimBuilder::capture`], flushing and closing the file. Idempotent;
+    /// `Ok` without a capture.
+    ///
+    /// Errors: `Io` with the first error met while writing or closing the file (capturing
+    /// stops at the first error).
+    pub fn finish_capture(&self) -> Result<()> {
+        self.lock()
+            .wire
+            .finish_capture()
+            .map_err(|e| Error::new(ErrorKind::Io, format!("capture: {e}")))
+    }
+
+    /// Lets time pass: in virtual time, fires every timer and delivers every datagram due
+    /// within `d` from now, then sets the clock to now + `d` (later if a delivery was
+    /// processed beyond it). In real time, keeps the fabric running for `d` of wall time.
+    pub fn advance(&self, d: Duration) {
+        let mut state = self.lock();
+        if !state.wire.is_real_time() {
+            let until = state.wire.now + d;
+            while state.pump(Goal::Until(until)).exhausted {}
+            return;
+        }
+        drop(state);
+        let deadline = std::time::Instant::now() + d;
+        loop {
+            let next = {
+                let mut state = self.lock();
+                state.pump(Goal::Settle);
+                state.next_event_in()
+            };
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(next.unwrap_or(left).clamp(Duration::from_micros(10), left));
+        }
+    }
+
+    /// Runs the fabric until nothing is pending: every datagram delivered, every timer fired
+    /// (retries run to the end), in virtual time as fast as possible, in real time as the clock
+    /// allows. Held datagrams without a release time stay held.
+    ///
+    /// Errors: `InvalidState` if the fabric is still busy after 100 000 timer deadlines
+    /// (virtual time) or 60 s (real time), e.g. a QP retrying RNR NAKs forever.
+    pub fn run_until_idle(&self) -> Result<()> {
+        let start = std::time::Instant::now();
+        for _ in 0..WAIT_STEPS {
+            let (next, real) = {
+                let mut state = self.lock();
+                state.pump(Goal::NextTimer);
+                (state.next_event_in(), state.wire.is_real_time())
+            };
+            let Some(next) = next else {
+                return Ok(());
+            };
+            if real {
+                if start.elapsed() > REAL_TIME_WAIT {
+                    break;
+                }
+                std::thread::sleep(next.clamp(Duration::from_micros(10), WAIT_SLICE));
+            }
+        }
+        Err(Error::state("the fabric did not become idle"))
+    }
 }
+
+/// Most timer deadlines one waiting helper lets pass in virtual time.
+const WAIT_STEPS: usize = 100_000;
+/// Longest a waiting helper waits in real time.
+const REAL_TIME_WAIT: Duration = Duration::from_secs(60);
+/// Longest single sleep of a waiting call before it runs the fabric again.
+const WAIT_SLICE: Duration = Duration::from_millis(1);
 
 impl Provider for SimProvider {
     type Device = SimDevice;
@@ -221,22 +598,74 @@ pub struct SimContext {
 }
 
 impl SimContext {
-    /// Runs `f` on this device's node with the fabric locked, then pumps the fabric (packets,
-    /// virtual time, timers) and delivers channel notifications and async events of every node.
-    fn with_node<R>(&self, f: impl FnOnce(&mut Node, Instant) -> R) -> Result<R> {
-        let mut state = lock(&self.dev.fabric);
-        let now = state.wire.now;
-        let node = state
-            .nodes
-            .get_mut(self.dev.node)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, "device vanished"))?;
-        let r = f(node, now);
-        let FabricState { nodes, wire } = &mut *state;
-        pump(wire, nodes);
-        for node in nodes.iter_mut() {
-            node.deliver();
+    /// The provider this device belongs to (for fault control, counters and the trace).
+    pub fn provider(&self) -> SimProvider {
+        SimProvider {
+            fabric: self.dev.fabric.clone(),
         }
+    }
+
+    /// This device's number in fault plans and counters (its index in `devices()`).
+    pub fn node(&self) -> NodeId {
+        node_id(self.dev.node)
+    }
+
+    /// Counters of `qp` (retransmits, NAKs, duplicates, …), named after rxe's hw counters.
+    ///
+    /// Errors: `InvalidArgument` if `qp` belongs to another device; `Destroyed` after
+    /// `destroy`.
+    pub fn qp_stats(&self, qp: &SimQp) -> Result<Stats> {
+        self.same_device(&qp.0.ctx, "QP")?;
+        qp.stats()
+    }
+
+    /// Counters of the whole device: packets no QP accepted (bad ICRC, unknown QP, …) plus the
+    /// sum over its live and destroyed QPs.
+    ///
+    /// Errors: `NotFound` if the device vanished (never for a live provider).
+    pub fn device_stats(&self) -> Result<Stats> {
+        let mut state = self.lock();
+        Ok(state.node_mut(self.dev.node)?.hca.stats())
+    }
+
+    /// True if both handles belong to the same provider.
+    pub(crate) fn same_fabric(&self, other: &SimContext) -> bool {
+        Arc::ptr_eq(&self.dev.fabric, &other.dev.fabric)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FabricState> {
+        lock(&self.dev.fabric)
+    }
+
+    /// Runs `f` on this device's node with the fabric locked, then runs the fabric (packets,
+    /// virtual time up to the next timer) and delivers channel notifications and async events
+    /// of every node.
+    fn with_node<R>(&self, f: impl FnOnce(&mut Node, Instant) -> R) -> Result<R> {
+        let mut state = self.lock();
+        state.wire.tick();
+        let now = state.wire.now;
+        let r = f(state.node_mut(self.dev.node)?, now);
+        state.pump(Goal::Settle);
         Ok(r)
+    }
+
+    /// Takes something the application waits for with `take`: first what is there (in real
+    /// time after running the fabric), then, in virtual time, after letting the fabric reach
+    /// its next timer deadline.
+    fn wait_take<R>(
+        &self,
+        mut take: impl FnMut(&mut FabricState) -> Result<Option<R>>,
+    ) -> Result<Option<R>> {
+        let mut state = self.lock();
+        if state.wire.is_real_time() {
+            state.pump(Goal::Settle);
+            return take(&mut state);
+        }
+        if let Some(r) = take(&mut state)? {
+            return Ok(Some(r));
+        }
+        state.pump(Goal::NextTimer);
+        take(&mut state)
     }
 
     /// Like `with_node` for a live handle: fails with `Destroyed` if `alive` was cleared.
@@ -262,13 +691,33 @@ impl SimContext {
         }
     }
 
-    fn register(&self, pd: &SimPd, region: Region, access: AccessFlags) -> Result<SimMr> {
+    /// Registers `region`. Caller memory keeps its own address as the MR's virtual address;
+    /// emulator-owned memory (`owned`) gets the device's next synthetic address, page aligned,
+    /// so that addresses (which RETHs and AtomicETHs carry) are the same in every run.
+    fn register(
+        &self,
+        pd: &SimPd,
+        region: Region,
+        access: AccessFlags,
+        owned: bool,
+    ) -> Result<SimMr> {
         self.same_device(&pd.0.ctx, "PD")?;
         let region = Arc::new(region);
+        let len = region.len() as u64;
         let info = self.with_live(&pd.0.alive, "PD", |node, _| {
-            let info = node
-                .hca
-                .reg_mr(pd.0.id, region.addr(), region.len() as u64, access)?;
+            let (iova, next) = if owned {
+                let iova = node.next_iova;
+                // One guard page between regions.
+                let next = len
+                    .checked_next_multiple_of(PAGE)
+                    .and_then(|l| iova.checked_add(l + PAGE))
+                    .ok_or_else(|| Error::no_memory("MR address space exhausted"))?;
+                (iova, next)
+            } else {
+                (region.addr(), node.next_iova)
+            };
+            let info = node.hca.reg_mr(pd.0.id, iova, len, access)?;
+            node.next_iova = next;
             node.mem.regions.insert(info.lkey >> 8, region.clone());
             Ok(info)
         })?;
@@ -327,7 +776,7 @@ impl Context for SimContext {
         if len as u64 > max {
             return Err(Error::invalid("MR length above max_mr_size"));
         }
-        self.register(pd, Region::heap(len), access)
+        self.register(pd, Region::heap(len), access, true)
     }
 
     fn reg_mr_file(
@@ -342,7 +791,7 @@ impl Context for SimContext {
         }
         let region = Region::file(path, len)
             .map_err(|e| Error::new(ErrorKind::Io, format!("mapping {}: {e}", path.display())))?;
-        self.register(pd, region, access)
+        self.register(pd, region, access, true)
     }
 
     #[allow(unsafe_code)]
@@ -360,7 +809,7 @@ impl Context for SimContext {
         // SAFETY: the caller promises, per `Context::reg_mr_raw`, that the range stays valid
         // for reads and writes while the MR is registered; the region lives no longer.
         let region = unsafe { Region::caller(ptr, len) };
-        self.register(pd, region, access)
+        self.register(pd, region, access, false)
     }
 
     fn create_comp_channel(&self) -> Result<SimChannel> {
@@ -458,7 +907,8 @@ impl Context for SimContext {
     }
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
-        self.with_node(|node, _| node.events.pop_front())
+        let node = self.dev.node;
+        self.wait_take(|state| Ok(state.node_mut(node)?.events.pop_front()))
             .ok()
             .flatten()
     }
@@ -522,7 +972,8 @@ drop_destroys!(MrInner, |node, this| {
     node.hca.dereg_mr(this.info.lkey)
 });
 
-/// An emulated memory region.
+/// An emulated memory region. Its `addr()` is synthetic and deterministic for MRs the emulator
+/// allocates and the caller's address for `reg_mr_raw` (crate doc, "Reproducibility").
 #[derive(Clone, Debug)]
 pub struct SimMr(Arc<MrInner>);
 
@@ -605,22 +1056,73 @@ drop_destroys!(ChannelInner, |node, this| {
 });
 
 /// An emulated completion channel; its fd is a socket that is readable while events wait.
+///
+/// The fd only becomes readable when a call into the provider (on any thread) produces the
+/// completion: there is no background thread. `get_cq_event` and `wait_cq_event` run the fabric
+/// themselves.
 #[derive(Clone, Debug)]
 pub struct SimChannel(Arc<ChannelInner>);
 
+impl SimChannel {
+    fn check_alive(&self) -> Result<()> {
+        if self.0.alive.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Error::destroyed("completion channel"))
+        }
+    }
+}
+
 impl CompletionChannel for SimChannel {
     fn get_cq_event(&self) -> Result<Option<u32>> {
-        if !self.0.alive.load(Ordering::Acquire) {
-            return Err(Error::destroyed("completion channel"));
+        self.check_alive()?;
+        if let Some(cq) = self.0.shared.try_get() {
+            return Ok(Some(cq));
         }
-        Ok(self.0.shared.try_get())
+        let shared = &self.0.shared;
+        self.0.ctx.wait_take(|_| Ok(shared.try_get()))
     }
 
+    /// Waits for the next event, running the fabric meanwhile: in virtual time it lets timer
+    /// deadlines pass one by one and, once nothing is pending, sleeps in short slices (another
+    /// thread may post work); in real time it runs the fabric in short slices until the next
+    /// event is due. `timeout` is wall time.
     fn wait_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
-        if !self.0.alive.load(Ordering::Acquire) {
-            return Err(Error::destroyed("completion channel"));
+        self.check_alive()?;
+        let this = &self.0;
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(cq) = this.shared.try_get() {
+                return Ok(Some(cq));
+            }
+            let (fired, next) = {
+                let mut state = this.ctx.lock();
+                let goal = if state.wire.is_real_time() {
+                    Goal::Settle
+                } else {
+                    Goal::NextTimer
+                };
+                let pumped = state.pump(goal);
+                (pumped.fired || pumped.exhausted, state.next_event_in())
+            };
+            if let Some(cq) = this.shared.try_get() {
+                return Ok(Some(cq));
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(std::time::Instant::now()),
+                None => WAIT_SLICE,
+            };
+            if left.is_zero() {
+                return Ok(None);
+            }
+            if fired {
+                continue;
+            }
+            let slice = next.unwrap_or(WAIT_SLICE).min(WAIT_SLICE).min(left);
+            if let Some(cq) = this.shared.wait(Some(slice)) {
+                return Ok(Some(cq));
+            }
         }
-        Ok(self.0.shared.wait(timeout))
     }
 
     fn destroy(&self) -> Result<()> {
@@ -665,6 +1167,42 @@ drop_destroys!(CqInner, |node, this| {
 #[derive(Clone, Debug)]
 pub struct SimCq(Arc<CqInner>);
 
+impl SimCq {
+    /// Polls until one completion arrives and returns it: the usual loop of a unit test. In
+    /// virtual time each empty poll lets the fabric reach its next timer deadline, so
+    /// retransmissions and retry exhaustion take microseconds of wall time.
+    ///
+    /// Errors: `InvalidState` if the CQ is empty and the fabric is idle (nothing in flight, no
+    /// timer armed: no completion can arrive unless another thread posts work), or if nothing
+    /// arrived after 100 000 timer deadlines (virtual time) or 60 s (real time), e.g. a QP
+    /// retrying RNR NAKs forever; the errors of [`CompletionQueue::poll`].
+    pub fn next_completion(&self) -> Result<WorkCompletion> {
+        let mut wc = [WorkCompletion::default(); 1];
+        let start = std::time::Instant::now();
+        for _ in 0..WAIT_STEPS {
+            if self.poll(&mut wc)? == 1 {
+                return Ok(wc[0]);
+            }
+            let (next, real) = {
+                let mut state = self.0.ctx.lock();
+                (state.next_event_in(), state.wire.is_real_time())
+            };
+            let Some(next) = next else {
+                return Err(Error::state(
+                    "CQ is empty and the fabric is idle: no completion can arrive",
+                ));
+            };
+            if real {
+                if start.elapsed() > REAL_TIME_WAIT {
+                    break;
+                }
+                std::thread::sleep(next.clamp(Duration::from_micros(1), WAIT_SLICE));
+            }
+        }
+        Err(Error::state("no completion arrived"))
+    }
+}
+
 impl CompletionQueue for SimCq {
     fn handle(&self) -> u32 {
         self.0.id.0
@@ -679,10 +1217,21 @@ impl CompletionQueue for SimCq {
             .unwrap_or(0)
     }
 
+    /// Polls; when the CQ is empty, runs the fabric first (virtual time: up to and including
+    /// the next timer deadline; real time: what is due) and polls again.
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let this = &self.0;
-        this.ctx
-            .with_live(&this.alive, "CQ", |node, _| node.hca.poll_cq(this.id, out))
+        let node = this.ctx.dev.node;
+        let n = this.ctx.wait_take(|state| {
+            if !this.alive.load(Ordering::Acquire) {
+                return Err(Error::destroyed("CQ"));
+            }
+            match state.node_mut(node)?.hca.poll_cq(this.id, out)? {
+                0 if !out.is_empty() => Ok(None),
+                n => Ok(Some(n)),
+            }
+        })?;
+        Ok(n.unwrap_or(0))
     }
 
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
@@ -790,6 +1339,18 @@ drop_destroys!(QpInner, |node, this| node.hca.destroy_qp(this.qpn));
 pub struct SimQp(Arc<QpInner>);
 
 impl SimQp {
+    /// Counters of this QP (retransmits, NAKs, duplicates, …); see [`SimContext::qp_stats`].
+    ///
+    /// Errors: `Destroyed` after `destroy`.
+    pub fn stats(&self) -> Result<Stats> {
+        let this = &self.0;
+        let mut state = this.ctx.lock();
+        if !this.alive.load(Ordering::Acquire) {
+            return Err(Error::destroyed("QP"));
+        }
+        state.node_mut(this.ctx.dev.node)?.hca.qp_stats(this.qpn)
+    }
+
     fn post<R>(
         &self,
         f: impl FnOnce(&mut Hca, Instant) -> Result<R, PostError>,

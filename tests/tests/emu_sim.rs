@@ -10,11 +10,6 @@ fn sim_env() -> verbs_api::Result<Env<SimContext>> {
 
 /// Cases the emulator fails today; each is a bug in the emulator (see the report), not in the
 /// case. A listed case that starts passing fails the run (XPASS): remove it from here.
-const KNOWN: &[KnownFailure] = &[KnownFailure {
-    case: "qp_state::async_event_scoped_to_context",
-    reason: "emu-sim queues async events per device (Node::events), so any context of the \
-                 device receives (and steals) another context's events; libibverbs delivers \
-                 them to the owning context only",
-}];
+const KNOWN: &[KnownFailure] = &[];
 
 conformance_suite!(env = sim_env, known_failures = KNOWN);

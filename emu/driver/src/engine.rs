@@ -37,7 +37,7 @@ use emu_proto::{ChannelId, Hca, HcaConfig, Instant, MAX_PACKET_LEN};
 use emu_sim::internals::ChannelShared;
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll, Token, Waker};
-use verbs_api::{AsyncEvent, Error, ErrorKind, EventElement, Result};
+use verbs_api::{Error, ErrorKind, Result};
 
 use crate::fault::{FaultConfig, FaultStage, OutPacket};
 use crate::memory::DeviceMemory;
@@ -103,7 +103,7 @@ pub(crate) struct DevState {
     pub(crate) hca: Hca,
     pub(crate) mem: DeviceMemory,
     pub(crate) channels: HashMap<ChannelId, Arc<ChannelShared>>,
-    pub(crate) events: EventRouter,
+    pub(crate) events: emu_proto::EventRouter,
     /// The latest `now` handed to the HCA: engine time never goes backwards.
     last_now: Instant,
     /// The thread is about to wait (or waits): the next command must ring the doorbell.
@@ -127,56 +127,6 @@ impl DevState {
         }
         while let Some(e) = self.hca.poll_event() {
             self.events.route(e);
-        }
-    }
-}
-
-/// Async events per context: an event about a QP, CQ or SRQ goes to the context that created
-/// it (`ibv_get_async_event` is per context); port and device events go to every context.
-#[derive(Debug, Default)]
-pub(crate) struct EventRouter {
-    queues: HashMap<u64, VecDeque<AsyncEvent>>,
-    owners: HashMap<EventElement, u64>,
-    next: u64,
-}
-
-impl EventRouter {
-    /// A new context's queue; returns its number.
-    pub(crate) fn open(&mut self) -> u64 {
-        self.next += 1;
-        self.queues.insert(self.next, VecDeque::new());
-        self.next
-    }
-
-    /// Forgets a closed context and what it owned.
-    pub(crate) fn close(&mut self, ctx: u64) {
-        self.queues.remove(&ctx);
-        self.owners.retain(|_, owner| *owner != ctx);
-    }
-
-    /// Records that `ctx` created `element` (a number reused later is simply overwritten).
-    pub(crate) fn own(&mut self, element: EventElement, ctx: u64) {
-        self.owners.insert(element, ctx);
-    }
-
-    /// The next event of context `ctx`.
-    pub(crate) fn pop(&mut self, ctx: u64) -> Option<AsyncEvent> {
-        self.queues.get_mut(&ctx)?.pop_front()
-    }
-
-    fn route(&mut self, e: AsyncEvent) {
-        match e.element {
-            EventElement::Port(_) | EventElement::Device => {
-                for q in self.queues.values_mut() {
-                    q.push_back(e);
-                }
-            }
-            element => {
-                let owner = self.owners.get(&element).copied();
-                if let Some(q) = owner.and_then(|o| self.queues.get_mut(&o)) {
-                    q.push_back(e);
-                }
-            }
         }
     }
 }
@@ -307,7 +257,7 @@ impl Engine {
                 hca: Hca::new(config),
                 mem: DeviceMemory::default(),
                 channels: HashMap::new(),
-                events: EventRouter::default(),
+                events: emu_proto::EventRouter::default(),
                 last_now: Instant::ZERO,
                 parked: false,
             }),

@@ -9,6 +9,7 @@
 
 pub mod config;
 mod cq;
+mod events;
 pub mod hca;
 pub mod memory;
 mod qp;
@@ -19,6 +20,7 @@ pub mod time;
 pub mod wire;
 
 pub use config::{HcaConfig, Limits};
+pub use events::EventRouter;
 pub use hca::{
     ChannelId, CqId, FIRST_QPN, Hca, MAX_PACKET_LEN, MrInfo, Notification, PdId, SrqId, Transmit,
 };

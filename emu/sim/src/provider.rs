@@ -8,7 +8,7 @@
 //! next timer deadline. Handles keep their parents alive (a QP holds its PD, CQs and SRQ); an
 //! explicitly destroyed handle fails every later call with `ErrorKind::Destroyed`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -19,12 +19,14 @@ use std::time::Duration;
 
 use emu_capture::PcapSink;
 use emu_fault::{Counters, FaultPlan, Injector, NodeId, PlanError};
-use emu_proto::{ChannelId, CqId, Hca, HcaConfig, Instant, MrInfo, PdId, SrqId, Stats};
+use emu_proto::{
+    ChannelId, CqId, EventRouter, Hca, HcaConfig, Instant, MrInfo, PdId, SrqId, Stats,
+};
 use verbs_api::{
     AccessFlags, AsyncEvent, CompletionChannel, CompletionQueue, Context, Device, DeviceAttr,
-    Endpoint, Error, ErrorKind, Gid, MemoryRegion, PortAttr, PostError, ProtectionDomain, Provider,
-    QpAttr, QpAttrMask, QpInitAttr, QpType, QueuePair, RecvWr, Result, SendWr, SharedReceiveQueue,
-    SrqAttr, WorkCompletion,
+    Endpoint, Error, ErrorKind, EventElement, Gid, MemoryRegion, PortAttr, PostError,
+    ProtectionDomain, Provider, QpAttr, QpAttrMask, QpInitAttr, QpType, QueuePair, RecvWr, Result,
+    SendWr, SharedReceiveQueue, SrqAttr, WorkCompletion,
 };
 
 use crate::channel::ChannelShared;
@@ -42,7 +44,8 @@ struct Node {
     mem: NodeMemory,
     addr: SocketAddr,
     channels: HashMap<ChannelId, Arc<ChannelShared>>,
-    events: VecDeque<AsyncEvent>,
+    /// Async events per context (rc-transport.md §5.3; `ibv_get_async_event` is per context).
+    events: EventRouter,
     /// Virtual address of the next emulator-owned MR: deterministic, so that the same calls
     /// put the same addresses on the wire in every run.
     next_iova: u64,
@@ -65,7 +68,7 @@ impl Node {
             }
         }
         while let Some(e) = self.hca.poll_event() {
-            self.events.push_back(e);
+            self.events.route(e);
         }
     }
 }
@@ -250,7 +253,7 @@ impl SimBuilder {
                     hca: Hca::new(config),
                     mem: NodeMemory::default(),
                     channels: HashMap::new(),
-                    events: VecDeque::new(),
+                    events: EventRouter::default(),
                     next_iova: FIRST_IOVA,
                 }
             })
@@ -326,21 +329,23 @@ impl SimProvider {
     ///
     /// Errors: `NotFound` if there is no such device.
     pub fn context(&self, index: usize) -> Result<SimContext> {
-        let name = {
-            let state = self.lock();
-            let node = state.nodes.get(index).ok_or_else(|| {
+        let (name, id) = {
+            let mut state = self.lock();
+            let count = state.nodes.len();
+            let node = state.nodes.get_mut(index).ok_or_else(|| {
                 Error::new(
                     ErrorKind::NotFound,
-                    format!("no device {index} (the provider has {})", state.nodes.len()),
+                    format!("no device {index} (the provider has {count})"),
                 )
             })?;
-            node.hca.config().name.clone()
+            (node.hca.config().name.clone(), node.events.open())
         };
         Ok(SimContext {
             dev: Arc::new(DeviceShared {
                 fabric: self.fabric.clone(),
                 node: index,
                 name,
+                id,
             }),
         })
     }
@@ -574,11 +579,16 @@ impl Device for SimDevice {
     }
 
     fn open(&self) -> Result<SimContext> {
+        let id = {
+            let mut state = lock(&self.fabric);
+            state.node_mut(self.node)?.events.open()
+        };
         Ok(SimContext {
             dev: Arc::new(DeviceShared {
                 fabric: self.fabric.clone(),
                 node: self.node,
                 name: self.name.clone(),
+                id,
             }),
         })
     }
@@ -589,6 +599,17 @@ struct DeviceShared {
     fabric: Arc<Mutex<FabricState>>,
     node: usize,
     name: String,
+    /// This context's number in the node's [`EventRouter`].
+    id: u64,
+}
+
+impl Drop for DeviceShared {
+    fn drop(&mut self) {
+        let mut state = lock(&self.fabric);
+        if let Ok(node) = state.node_mut(self.node) {
+            node.events.close(self.id);
+        }
+    }
 }
 
 /// An open emulated device.
@@ -828,6 +849,7 @@ impl Context for SimContext {
     }
 
     fn create_cq(&self, cqe: u32, channel: Option<&SimChannel>) -> Result<SimCq> {
+        let ctx_id = self.dev.id;
         if let Some(ch) = channel {
             self.same_device(&ch.0.ctx, "completion channel")?;
         }
@@ -837,7 +859,9 @@ impl Context for SimContext {
                     return Err(Error::destroyed("completion channel"));
                 }
             }
-            node.hca.create_cq(cqe, channel.map(|c| c.0.id))
+            let id = node.hca.create_cq(cqe, channel.map(|c| c.0.id))?;
+            node.events.own(EventElement::Cq(id.0), ctx_id);
+            Ok::<_, Error>(id)
         })??;
         Ok(SimCq(Arc::new(CqInner {
             ctx: self.clone(),
@@ -849,8 +873,11 @@ impl Context for SimContext {
 
     fn create_srq(&self, pd: &SimPd, attr: &SrqAttr) -> Result<SimSrq> {
         self.same_device(&pd.0.ctx, "PD")?;
+        let ctx_id = self.dev.id;
         let id = self.with_live(&pd.0.alive, "PD", |node, _| {
-            node.hca.create_srq(pd.0.id, attr)
+            let id = node.hca.create_srq(pd.0.id, attr)?;
+            node.events.own(EventElement::Srq(id.0), ctx_id);
+            Ok(id)
         })?;
         Ok(SimSrq(Arc::new(SrqInner {
             ctx: self.clone(),
@@ -868,6 +895,7 @@ impl Context for SimContext {
         srq: Option<&SimSrq>,
         attr: &QpInitAttr,
     ) -> Result<SimQp> {
+        let ctx_id = self.dev.id;
         self.same_device(&pd.0.ctx, "PD")?;
         self.same_device(&send_cq.0.ctx, "send CQ")?;
         self.same_device(&recv_cq.0.ctx, "receive CQ")?;
@@ -886,13 +914,15 @@ impl Context for SimContext {
             if srq.is_some_and(|s| !s.0.alive.load(Ordering::Acquire)) {
                 return Err(Error::destroyed("SRQ"));
             }
-            node.hca.create_qp(
+            let qpn = node.hca.create_qp(
                 pd.0.id,
                 send_cq.0.id,
                 recv_cq.0.id,
                 srq.map(|s| s.0.id),
                 attr,
-            )
+            )?;
+            node.events.own(EventElement::Qp(qpn), ctx_id);
+            Ok(qpn)
         })??;
         Ok(SimQp(Arc::new(QpInner {
             ctx: self.clone(),
@@ -908,7 +938,8 @@ impl Context for SimContext {
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
         let node = self.dev.node;
-        self.wait_take(|state| Ok(state.node_mut(node)?.events.pop_front()))
+        let id = self.dev.id;
+        self.wait_take(|state| Ok(state.node_mut(node)?.events.pop(id)))
             .ok()
             .flatten()
     }

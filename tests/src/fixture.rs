@@ -1,6 +1,7 @@
 //! What cases run against: the backend's devices ([`Env`]), a ready-made set of objects
-//! ([`Fixture`]) and helpers that walk QPs through states, poll with a bounded wait, check flush
-//! completions and wait on file descriptors.
+//! ([`Fixture`]), a connected RC pair with memory on both sides ([`Pair`]) and helpers that
+//! walk QPs through states, poll with a bounded wait, check completions, flushes and data, and
+//! wait on file descriptors.
 //!
 //! Everything here is generic over [`Context`]; no backend type is named. Waits are bounded
 //! (one second) and spin with `yield_now` rather than sleep, so the in-process emulator, which
@@ -17,11 +18,12 @@ use std::time::{Duration, Instant};
 use verbs_api::connect::{INIT_MASK, RTR_MASK, RTS_MASK};
 use verbs_api::{
     AccessFlags, AhAttr, AsyncEvent, CompletionQueue, Context, Device, DeviceAttr, Endpoint,
-    PortAttr, Provider, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QueuePair,
-    RcConnectOptions, RecvWr, Result, SendOp, SendWr, WcStatus, WorkCompletion,
+    MemoryRegion, PortAttr, Provider, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QueuePair,
+    RcConnectOptions, RecvWr, Result, SendFlags, SendOp, SendWr, Sge, SharedReceiveQueue, SrqAttr,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::check::{Outcome, Stop, failure};
+use crate::check::{Outcome, Stop, failure, needs};
 use crate::{check_eq, ensure, fail};
 
 /// How long a case waits for something a backend may deliver asynchronously.
@@ -366,9 +368,19 @@ pub fn wait_drained<Q: QueuePair>(qp: &Q) -> Outcome {
 /// Collects exactly `n` completions from `cq`, waiting up to [`WAIT`] for them, then checks
 /// that no further completion is there.
 pub fn poll_exact<Q: CompletionQueue>(cq: &Q, n: usize) -> Result<Vec<WorkCompletion>, Stop> {
+    poll_exact_within(cq, n, WAIT)
+}
+
+/// As [`poll_exact`], waiting up to `wait` instead of [`WAIT`] (for the few cases whose
+/// completion depends on transport timers of real hardware, e.g. [`RETRY_WAIT`]).
+pub fn poll_exact_within<Q: CompletionQueue>(
+    cq: &Q,
+    n: usize,
+    wait: Duration,
+) -> Result<Vec<WorkCompletion>, Stop> {
     let mut got = Vec::with_capacity(n);
     let mut buf = [WorkCompletion::default(); 16];
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait;
     while got.len() < n {
         let want = (n - got.len()).min(buf.len());
         let k = cq.poll(&mut buf[..want])?;
@@ -376,7 +388,7 @@ pub fn poll_exact<Q: CompletionQueue>(cq: &Q, n: usize) -> Result<Vec<WorkComple
         if k == 0 {
             if Instant::now() >= deadline {
                 fail!(
-                    "expected {n} completions, got {} after {WAIT:?}: {got:?}",
+                    "expected {n} completions, got {} after {wait:?}: {got:?}",
                     got.len()
                 );
             }
@@ -522,4 +534,595 @@ pub fn all_remote() -> AccessFlags {
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC
+}
+
+// ---- connected pairs (checklist items 5 and 6) ------------------------------------------
+
+/// The wait bound of the one case that needs the requester's local ACK timer to expire
+/// `retry_cnt + 1` times (`errors::retry_exceeded_peer_gone`). On paper that is
+/// (2 + 1) × 4.096 µs × 2^8 ≈ 3.2 ms, but rxe rounds every timer up to at least one jiffy
+/// (up to 10 ms, rc-transport.md §3.5) and HCAs may clamp small `timeout` codes to a firmware
+/// minimum; five seconds covers both. The emulator runs it in virtual time, instantly.
+pub const RETRY_WAIT: Duration = Duration::from_secs(5);
+
+/// How [`Pair::with`] builds a connected pair. [`Pair::with`] hands the defaults to a closure
+/// that may change any field; [`Pair::new`] keeps them.
+#[derive(Clone, Debug)]
+pub struct PairConfig {
+    /// Connection options of side `a` (the requester in most cases): its `timeout`,
+    /// `retry_cnt` and `rnr_retry` govern what `a` sends.
+    pub opts_a: RcConnectOptions,
+    /// Connection options of side `b`: its `access` flags and `min_rnr_timer` govern how `b`
+    /// answers requests.
+    pub opts_b: RcConnectOptions,
+    /// Capacities of every QP of the pair.
+    pub cap: QpCap,
+    /// Entries of each CQ.
+    pub cqe: u32,
+    /// Length of each side's MR.
+    pub mr_len: usize,
+    /// Access rights of each side's MR.
+    pub mr_access: AccessFlags,
+    /// If set, `b`'s QPs receive through one SRQ created with these attributes.
+    pub srq_b: Option<SrqAttr>,
+    /// If true, each side's receive CQ reports to a completion channel of its own.
+    pub recv_channel: bool,
+    /// `sq_sig_all` of every QP of the pair: every send WR completes, signaled or not.
+    pub sq_sig_all: bool,
+}
+
+impl PairConfig {
+    /// Applies `f` to the connection options of both sides.
+    pub fn both(&mut self, f: impl Fn(&mut RcConnectOptions)) {
+        f(&mut self.opts_a);
+        f(&mut self.opts_b);
+    }
+}
+
+/// One end of a [`Pair`]: a context with its PD, MR, CQs and RC QP (and optionally a
+/// completion channel and an SRQ).
+pub struct Side<C: Context> {
+    /// The context (device 0 for `a`, the peer device for `b`).
+    pub ctx: C,
+    /// `ctx.query_device()`.
+    pub dev: DeviceAttr,
+    /// The PD of everything below.
+    pub pd: C::Pd,
+    /// A zeroed MR of [`PairConfig::mr_len`] bytes with [`PairConfig::mr_access`].
+    pub mr: C::Mr,
+    /// The QP, in RTS once the pair is built.
+    pub qp: C::Qp,
+    /// The QP's send CQ.
+    pub send_cq: C::Cq,
+    /// The QP's receive CQ.
+    pub recv_cq: C::Cq,
+    /// The receive CQ's completion channel, with [`PairConfig::recv_channel`].
+    pub channel: Option<C::Channel>,
+    /// The SRQ the QP receives through, with [`PairConfig::srq_b`] (side `b` only).
+    pub srq: Option<C::Srq>,
+    /// The PSN this side's QP starts sending at.
+    pub psn: u32,
+}
+
+impl<C: Context> Side<C> {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    /// The QP's current state.
+    pub fn state(&self) -> Result<QpState, Stop> {
+        Ok(self.qp.query()?.qp_state)
+    }
+
+    /// An SGE for `len` bytes at `offset` of this side's MR.
+    pub fn sge(&self, offset: usize, len: usize) -> Result<Sge, Stop> {
+        Ok(self.mr.sge(offset, len)?)
+    }
+
+    /// Copies `data` into the MR at `offset`.
+    pub fn fill(&self, offset: usize, data: &[u8]) -> Outcome {
+        Ok(self.mr.write(offset, data)?)
+    }
+
+    /// The MR's `len` bytes at `offset`.
+    pub fn bytes(&self, offset: usize, len: usize) -> Result<Vec<u8>, Stop> {
+        let mut out = vec![0u8; len];
+        self.mr.read(offset, &mut out)?;
+        Ok(out)
+    }
+
+    /// The host-order 64-bit word at `offset` (atomics operate on host-native words,
+    /// rc-transport.md §4.6).
+    pub fn word(&self, offset: usize) -> Result<u64, Stop> {
+        let mut b = [0u8; 8];
+        self.mr.read(offset, &mut b)?;
+        Ok(u64::from_ne_bytes(b))
+    }
+
+    /// Stores a host-order 64-bit word at `offset`.
+    pub fn set_word(&self, offset: usize, value: u64) -> Outcome {
+        Ok(self.mr.write(offset, &value.to_ne_bytes())?)
+    }
+
+    /// This side's MR address at `offset`, as a peer targets it.
+    pub fn addr(&self, offset: usize) -> u64 {
+        self.mr.addr() + offset as u64
+    }
+
+    /// An RDMA WRITE into this side's MR at `offset`.
+    pub fn write_op(&self, offset: usize) -> SendOp {
+        SendOp::RdmaWrite {
+            remote_addr: self.addr(offset),
+            rkey: self.mr.rkey(),
+        }
+    }
+
+    /// An RDMA WRITE with immediate into this side's MR at `offset`.
+    pub fn write_imm_op(&self, offset: usize, imm: u32) -> SendOp {
+        SendOp::RdmaWriteWithImm {
+            remote_addr: self.addr(offset),
+            rkey: self.mr.rkey(),
+            imm,
+        }
+    }
+
+    /// An RDMA READ of this side's MR at `offset`.
+    pub fn read_op(&self, offset: usize) -> SendOp {
+        SendOp::RdmaRead {
+            remote_addr: self.addr(offset),
+            rkey: self.mr.rkey(),
+        }
+    }
+
+    /// A fetch-and-add on this side's word at `offset`.
+    pub fn faa_op(&self, offset: usize, add: u64) -> SendOp {
+        SendOp::AtomicFetchAndAdd {
+            remote_addr: self.addr(offset),
+            rkey: self.mr.rkey(),
+            add,
+        }
+    }
+
+    /// A compare-and-swap on this side's word at `offset`.
+    pub fn cas_op(&self, offset: usize, compare: u64, swap: u64) -> SendOp {
+        SendOp::AtomicCmpAndSwp {
+            remote_addr: self.addr(offset),
+            rkey: self.mr.rkey(),
+            compare,
+            swap,
+        }
+    }
+
+    /// Posts one receive of `len` bytes at `offset` of the MR, on the QP or its SRQ.
+    pub fn post_recv_at(&self, wr_id: u64, offset: usize, len: usize) -> Outcome {
+        let sge = [self.sge(offset, len)?];
+        let wr = [RecvWr::new(wr_id, &sge)];
+        match &self.srq {
+            Some(srq) => srq.post_recv(&wr)?,
+            None => self.qp.post_recv(&wr)?,
+        }
+        Ok(())
+    }
+
+    /// Polls exactly one completion from the send CQ (bounded wait) and checks it is a success
+    /// of `wr_id` with `opcode` and `byte_len` on this QP.
+    pub fn expect_send(
+        &self,
+        wr_id: u64,
+        opcode: WcOpcode,
+        byte_len: u32,
+    ) -> Result<WorkCompletion, Stop> {
+        let wc = poll_one(&self.send_cq)?;
+        check_success(&wc, wr_id, opcode, byte_len, self.qpn())?;
+        Ok(wc)
+    }
+
+    /// Polls exactly one completion from the send CQ and checks its `wr_id`, `status` and
+    /// `qp_num` (the only fields valid on error, rc-transport.md §6.1).
+    pub fn expect_send_status(&self, wr_id: u64, status: WcStatus) -> Result<WorkCompletion, Stop> {
+        let wc = poll_one(&self.send_cq)?;
+        check_status(&wc, wr_id, status, self.qpn())?;
+        Ok(wc)
+    }
+
+    /// Polls exactly one completion from the receive CQ and checks it is a successful receive
+    /// of `wr_id` from `from`: `opcode`, `byte_len`, the immediate (`WITH_IMM` set exactly when
+    /// `imm` is some), `qp_num` and `src_qp` (see [`check_recv`]).
+    pub fn expect_recv(
+        &self,
+        from: &Side<C>,
+        wr_id: u64,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) -> Result<WorkCompletion, Stop> {
+        let wc = poll_one(&self.recv_cq)?;
+        check_recv(&wc, wr_id, opcode, byte_len, imm, self.qpn(), from.qpn())?;
+        Ok(wc)
+    }
+
+    /// Polls exactly one completion from the receive CQ and checks `wr_id`, `status`, `qp_num`.
+    pub fn expect_recv_status(&self, wr_id: u64, status: WcStatus) -> Result<WorkCompletion, Stop> {
+        let wc = poll_one(&self.recv_cq)?;
+        check_status(&wc, wr_id, status, self.qpn())?;
+        Ok(wc)
+    }
+
+    /// Expects the send CQ to yield exactly the flushes of `ids`, in order.
+    pub fn expect_send_flushed(&self, ids: &[u64]) -> Outcome {
+        expect_flushed(&self.send_cq, ids, self.qpn())
+    }
+
+    /// Expects the receive CQ to yield exactly the flushes of `ids`, in order.
+    pub fn expect_recv_flushed(&self, ids: &[u64]) -> Outcome {
+        expect_flushed(&self.recv_cq, ids, self.qpn())
+    }
+
+    /// Expects both CQs to be empty now.
+    pub fn expect_no_completions(&self) -> Outcome {
+        poll_exact(&self.send_cq, 0)?;
+        poll_exact(&self.recv_cq, 0)?;
+        Ok(())
+    }
+
+    /// Waits (bounded by [`WAIT`]) until the QP reports `state`: a responder moves to ERR in
+    /// rxe's kernel task, possibly after the requester saw the NAK.
+    pub fn wait_state(&self, state: QpState) -> Outcome {
+        wait_state(&self.qp, state)
+    }
+}
+
+/// Two RC QPs in RTS connected to each other, one per context (device 0 and the peer device,
+/// or device 0 twice), each with its own PD, CQs and MR.
+pub struct Pair<C: Context> {
+    /// The first side, on device 0.
+    pub a: Side<C>,
+    /// The second side, on the peer device.
+    pub b: Side<C>,
+    /// The configuration the pair was built with.
+    pub config: PairConfig,
+}
+
+impl<C: Context> Pair<C> {
+    /// A pair with the default configuration (see [`Pair::with`]).
+    pub fn new(env: &Env<C>) -> Result<Pair<C>, Stop> {
+        Pair::with(env, |_| {})
+    }
+
+    /// A pair whose configuration is the default, changed by `tune`. Defaults: the options of
+    /// [`RcConnectOptions::default`] (path MTU 1024, all remote access, `timeout` 14,
+    /// `retry_cnt` 7, `rnr_retry` 7, `min_rnr_timer` 12) with `max_rd_atomic` and
+    /// `max_dest_rd_atomic` capped by both devices; 32 WRs and 4 SGEs per queue and 64 inline
+    /// bytes (capped by the devices); CQs of [`DEFAULT_CQE`]; MRs of 64 KiB with every
+    /// access right; no SRQ, no channel, no `sq_sig_all`. `a` sends from PSN 0xFFFFF8, so its
+    /// PSNs wrap past 2^24 within the first messages.
+    pub fn with(env: &Env<C>, tune: impl FnOnce(&mut PairConfig)) -> Result<Pair<C>, Stop> {
+        let ctx_a = env.open(0)?;
+        let ctx_b = env.open_peer()?;
+        let dev_a = ctx_a.query_device()?;
+        let dev_b = ctx_b.query_device()?;
+        let mut config = default_pair_config(&dev_a, &dev_b);
+        tune(&mut config);
+        let a = make_side(ctx_a, dev_a, &config, false, 0x00FF_FFF8)?;
+        let b = make_side(ctx_b, dev_b, &config, config.srq_b.is_some(), 0x0000_0100)?;
+        connect_qps(&a.qp, a.psn, &b.qp, b.psn, &config)?;
+        Ok(Pair { a, b, config })
+    }
+
+    /// The fatal-error scenario of rc-transport.md §3.9 and §6.1 for a request of `a`.
+    ///
+    /// Posts receive 900 on `a` and 901 on `b`, then on `a` in one call: WR 1 = `op` over
+    /// `sges` (signaled or not as `flags` say), WR 2 = a valid signaled 8-byte RDMA WRITE into
+    /// the last 8 bytes of `b`'s MR, WR 3 = an unsignaled SEND. Expects WR 1 to complete with
+    /// `status` (unsignaled or not: "an error always generates a WC"), WRs 2 and 3 to flush in
+    /// order, `a` to be in ERR with receive 900 flushed, and the WRITE's target untouched
+    /// (those bytes must be zero). Then posts WR 4 (a valid WRITE) and expects it to flush: no
+    /// later WR succeeds.
+    ///
+    /// With `peer_fails` (the responder rejected the request: NAK, class C of §4.3) `b` must
+    /// reach ERR too and flush receive 901; without (a local error at `a`), `b` stays in RTS
+    /// with receive 901 still posted.
+    pub fn expect_fatal_error(
+        &self,
+        op: SendOp,
+        sges: &[Sge],
+        flags: SendFlags,
+        status: WcStatus,
+        peer_fails: bool,
+    ) -> Outcome {
+        let (a, b) = (&self.a, &self.b);
+        let tail = self.config.mr_len - 8;
+        a.post_recv_at(900, 0, 8)?;
+        b.post_recv_at(901, 0, 8)?;
+        let src = [a.sge(0, 8)?];
+        let wrs = [
+            SendWr::new(1, op, sges).with_flags(flags),
+            SendWr::new(2, b.write_op(tail), &src),
+            SendWr::new(3, SendOp::Send, &src).with_flags(SendFlags::empty()),
+        ];
+        a.qp.post_send(&wrs)?;
+        expect_error_then_flush(&a.send_cq, a.qpn(), 1, status, &[2, 3])?;
+        check_eq!(a.state()?, QpState::Err, "requester state after {status}");
+        a.expect_recv_flushed(&[900])?;
+        if peer_fails {
+            b.wait_state(QpState::Err)?;
+            b.expect_recv_flushed(&[901])?;
+        } else {
+            check_eq!(
+                b.state()?,
+                QpState::Rts,
+                "responder state after a local error"
+            );
+            poll_exact(&b.recv_cq, 0)?;
+        }
+        check_bytes(&b.bytes(tail, 8)?, &[0; 8], "target of the flushed WRITE")?;
+        a.qp.post_send(&[SendWr::new(4, b.write_op(tail), &src)])?;
+        a.expect_send_flushed(&[4])?;
+        check_bytes(
+            &b.bytes(tail, 8)?,
+            &[0; 8],
+            "target of the WRITE posted in ERR",
+        )
+    }
+
+    /// Another connected QP pair on the same PDs, CQs and (for `b`) SRQ: `(qp on a, qp on b)`.
+    pub fn connect_another(&self) -> Result<(C::Qp, C::Qp), Stop> {
+        let qa = self.a.ctx.create_qp(
+            &self.a.pd,
+            &self.a.send_cq,
+            &self.a.recv_cq,
+            self.a.srq.as_ref(),
+            &qp_init(&self.config),
+        )?;
+        let qb = self.b.ctx.create_qp(
+            &self.b.pd,
+            &self.b.send_cq,
+            &self.b.recv_cq,
+            self.b.srq.as_ref(),
+            &qp_init(&self.config),
+        )?;
+        connect_qps(&qa, 0x0000_2000, &qb, 0x0000_3000, &self.config)?;
+        Ok((qa, qb))
+    }
+}
+
+fn default_pair_config(dev_a: &DeviceAttr, dev_b: &DeviceAttr) -> PairConfig {
+    let defaults = RcConnectOptions::default();
+    let cap8 = |limit: u32, want: u8| u8::try_from(limit.min(u32::from(want))).unwrap_or(want);
+    let opts = RcConnectOptions {
+        max_rd_atomic: cap8(
+            dev_a.max_qp_init_rd_atom.min(dev_b.max_qp_init_rd_atom),
+            defaults.max_rd_atomic,
+        ),
+        max_dest_rd_atomic: cap8(
+            dev_a.max_qp_rd_atom.min(dev_b.max_qp_rd_atom),
+            defaults.max_dest_rd_atomic,
+        ),
+        ..defaults
+    };
+    let wr = dev_a.max_qp_wr.min(dev_b.max_qp_wr).min(32);
+    let sge = dev_a.max_sge.min(dev_b.max_sge).min(4);
+    PairConfig {
+        opts_a: opts,
+        opts_b: opts,
+        cap: QpCap {
+            max_send_wr: wr,
+            max_recv_wr: wr,
+            max_send_sge: sge,
+            max_recv_sge: sge,
+            max_inline_data: dev_a.max_inline_data.min(dev_b.max_inline_data).min(64),
+        },
+        cqe: DEFAULT_CQE,
+        mr_len: 64 * 1024,
+        mr_access: all_remote(),
+        srq_b: None,
+        recv_channel: false,
+        sq_sig_all: false,
+    }
+}
+
+fn make_side<C: Context>(
+    ctx: C,
+    dev: DeviceAttr,
+    config: &PairConfig,
+    with_srq: bool,
+    psn: u32,
+) -> Result<Side<C>, Stop> {
+    let pd = ctx.alloc_pd()?;
+    let mr = ctx.alloc_mr(&pd, config.mr_len, config.mr_access)?;
+    let channel = if config.recv_channel {
+        Some(ctx.create_comp_channel()?)
+    } else {
+        None
+    };
+    let send_cq = ctx.create_cq(config.cqe, None)?;
+    let recv_cq = ctx.create_cq(config.cqe, channel.as_ref())?;
+    let srq = match (with_srq, config.srq_b) {
+        (true, Some(attr)) => Some(needs(ctx.create_srq(&pd, &attr), "SRQ")?),
+        _ => None,
+    };
+    let qp = ctx.create_qp(&pd, &send_cq, &recv_cq, srq.as_ref(), &qp_init(config))?;
+    Ok(Side {
+        ctx,
+        dev,
+        pd,
+        mr,
+        qp,
+        send_cq,
+        recv_cq,
+        channel,
+        srq,
+        psn,
+    })
+}
+
+fn qp_init(config: &PairConfig) -> QpInitAttr {
+    QpInitAttr {
+        sq_sig_all: config.sq_sig_all,
+        ..QpInitAttr::rc(config.cap)
+    }
+}
+
+/// Connects `qa` (options `opts_a`, sending from `psn_a`) and `qb` (`opts_b`, from `psn_b`)
+/// to each other with [`verbs_api::connect_rc`], after exchanging endpoints.
+fn connect_qps<Q: QueuePair>(
+    qa: &Q,
+    psn_a: u32,
+    qb: &Q,
+    psn_b: u32,
+    config: &PairConfig,
+) -> Outcome {
+    let ep_a = qa.endpoint(psn_a)?;
+    let ep_b = qb.endpoint(psn_b)?;
+    verbs_api::connect_rc(qa, psn_a, &ep_b, &config.opts_a)
+        .map_err(|e| failure(format!("connect_rc of side a: {e}")))?;
+    verbs_api::connect_rc(qb, psn_b, &ep_a, &config.opts_b)
+        .map_err(|e| failure(format!("connect_rc of side b: {e}")))?;
+    Ok(())
+}
+
+/// Polls exactly one completion from `cq` (bounded wait; no second one may be there).
+pub fn poll_one<Q: CompletionQueue>(cq: &Q) -> Result<WorkCompletion, Stop> {
+    let wcs = poll_exact(cq, 1)?;
+    wcs.first()
+        .copied()
+        .ok_or_else(|| failure("poll_exact returned no completion"))
+}
+
+/// Checks a completion's `wr_id`, `status` and `qp_num`: all that is valid on an error
+/// completion (rc-transport.md §6.1).
+pub fn check_status(wc: &WorkCompletion, wr_id: u64, status: WcStatus, qpn: u32) -> Outcome {
+    check_eq!(wc.wr_id, wr_id, "wr_id of {wc:?}");
+    check_eq!(wc.status, status, "status of wr_id {wr_id}");
+    check_eq!(wc.qp_num, qpn, "qp_num of wr_id {wr_id}");
+    Ok(())
+}
+
+/// Checks a successful send-side completion: `wr_id`, status, `opcode`, `byte_len` (the WR's
+/// total length, rc-transport.md §6.2) and `qp_num`.
+pub fn check_success(
+    wc: &WorkCompletion,
+    wr_id: u64,
+    opcode: WcOpcode,
+    byte_len: u32,
+    qpn: u32,
+) -> Outcome {
+    check_status(wc, wr_id, WcStatus::Success, qpn)?;
+    check_eq!(wc.opcode, opcode, "opcode of wr_id {wr_id}");
+    check_eq!(wc.byte_len, byte_len, "byte_len of wr_id {wr_id}");
+    Ok(())
+}
+
+/// Checks a successful receive completion: `wr_id`, status, `opcode`, `byte_len`, `qp_num`
+/// (the receiving QP), the immediate data with `WITH_IMM` set exactly when `imm` is some, and
+/// no `WITH_INV`.
+///
+/// Not checked exactly, because the verbs contract leaves them open for RC: `src_qp` ("UD
+/// only") must be 0 (rxe) or the sender's QPN (what the emulator and some HCAs report); the
+/// `GRH` flag is ignored (rxe sets it on every receive, RoCE HCAs set it as their CQE says;
+/// DIVERGENCES.md #7).
+pub fn check_recv(
+    wc: &WorkCompletion,
+    wr_id: u64,
+    opcode: WcOpcode,
+    byte_len: u32,
+    imm: Option<u32>,
+    qpn: u32,
+    src_qpn: u32,
+) -> Outcome {
+    check_success(wc, wr_id, opcode, byte_len, qpn)?;
+    let flags = wc.wc_flags.difference(WcFlags::GRH);
+    let want = if imm.is_some() {
+        WcFlags::WITH_IMM
+    } else {
+        WcFlags::empty()
+    };
+    check_eq!(flags, want, "wc_flags (less GRH) of wr_id {wr_id}");
+    if let Some(imm) = imm {
+        check_eq!(wc.imm_data, imm, "imm_data of wr_id {wr_id}");
+    }
+    ensure!(
+        wc.src_qp == 0 || wc.src_qp == src_qpn,
+        "src_qp of wr_id {wr_id}: {:#x}, neither 0 nor the sender's QPN {src_qpn:#x}",
+        wc.src_qp
+    );
+    Ok(())
+}
+
+/// Waits (bounded by [`WAIT`]) until `qp` reports `state`.
+pub fn wait_state<Q: QueuePair>(qp: &Q, state: QpState) -> Outcome {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = qp.query()?.qp_state;
+        if now == state {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            fail!(
+                "QP {:#x} in {now}, not {state}, after {WAIT:?}",
+                qp.qp_num()
+            );
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// `len` bytes of a recognisable pattern seeded by `seed` (no two seeds alike at any offset).
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 8) as u8))
+        .collect()
+}
+
+/// How many times the RNR cases poll an empty CQ while the responder has no receive: on the
+/// emulator each empty poll lets virtual time reach the next RNR timer, so this is 32 RNR
+/// rounds, far more than any finite `rnr_retry` (7 is infinite, §3.7).
+pub const RNR_ROUNDS: usize = 32;
+
+/// Polls `cq` [`RNR_ROUNDS`] times expecting nothing.
+pub fn expect_nothing_for_a_while<Q: CompletionQueue>(cq: &Q, what: &str) -> Outcome {
+    let mut out = [WorkCompletion::default(); 1];
+    for round in 0..RNR_ROUNDS {
+        let n = cq.poll(&mut out)?;
+        ensure!(
+            n == 0,
+            "{what}: completion after {round} empty polls: {:?}",
+            out[0]
+        );
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+/// Polls exactly `1 + flushed.len()` completions from `cq`: `wr_id` with `status`, then the
+/// flushes of `flushed` in order, all on QP `qpn`.
+pub fn expect_error_then_flush<Q: CompletionQueue>(
+    cq: &Q,
+    qpn: u32,
+    wr_id: u64,
+    status: WcStatus,
+    flushed: &[u64],
+) -> Outcome {
+    let wcs = poll_exact(cq, 1 + flushed.len())?;
+    let (first, rest) = wcs
+        .split_first()
+        .ok_or_else(|| failure("poll_exact returned no completion"))?;
+    check_status(first, wr_id, status, qpn)?;
+    check_flushed(rest, flushed, qpn)
+}
+
+/// Compares two byte strings, reporting the first difference (not the whole buffers).
+pub fn check_bytes(got: &[u8], want: &[u8], what: &str) -> Outcome {
+    check_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
+        let end = (i + 8).min(got.len());
+        fail!(
+            "{what}: first difference at byte {i} of {}: got {:02x?}, want {:02x?}",
+            got.len(),
+            &got[i..end],
+            &want[i..end]
+        );
+    }
+    Ok(())
 }

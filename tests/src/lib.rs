@@ -3,13 +3,16 @@
 //!
 //! The cases check what rdma-core and Linux SoftRoCE (rxe) do, as distilled in
 //! `conformance-checklist.md` (items 1–4: device queries, PD/MR, CQ and completion channels,
-//! QP creation, state machine and posting) and `rc-transport.md` §5–§7, and the contract of the
-//! [`verbs_api`] traits. Where the emulator differs from rxe, the emulator is wrong.
+//! QP creation, state machine and posting; items 5–6: data operations between two connected
+//! QPs and their error semantics) and `rc-transport.md` §3–§7, and the contract of the
+//! [`verbs_api`] traits. Where the emulator differs from rxe, the emulator is wrong, except
+//! where `DIVERGENCES.md` records a deliberate choice of the spec over rxe.
 //!
 //! * [`cases`]: the case bodies, `pub fn name<C: Context>(env: &Env<C>) -> Outcome`, grouped by
 //!   checklist item. No backend type is named.
 //! * [`fixture`]: [`Env`] (the backend's devices), [`Fixture`] (contexts, PD, QP helpers, a
-//!   connected pair via [`verbs_api::connect_rc`]) and bounded-wait helpers.
+//!   connected pair via [`verbs_api::connect_rc`]), [`Pair`] (two connected QPs with PD, CQs
+//!   and MR on each side, options per case via [`PairConfig`]) and bounded-wait helpers.
 //! * [`check`]: [`Outcome`] and the assertion macros.
 //! * [`conformance_suite!`]: expands one `#[test]` per case for a backend, so `cargo test`
 //!   lists every case by name (`device::query_port_zero_invalid`, …).
@@ -39,7 +42,7 @@ pub mod fixture;
 use std::io::Write;
 
 pub use check::{Outcome, Stop};
-pub use fixture::{Env, Fixture, TestQp};
+pub use fixture::{Env, Fixture, Pair, PairConfig, Side, TestQp};
 pub use verbs_api;
 use verbs_api::Context;
 
@@ -287,6 +290,78 @@ macro_rules! __conformance_cases {
                 srq_destroy_busy_while_qp_uses_it,
                 srq_use_after_destroy,
                 err_with_srq_raises_last_wqe_reached,
+            }
+            send_recv {
+                send_small,
+                send_multi_packet,
+                send_mtu_boundaries,
+                send_zero_length,
+                send_with_imm,
+                send_with_imm_zero_length,
+                send_gather_scatter_three_sges,
+                send_zero_length_sge_skipped,
+                send_inline_copied_at_post,
+                send_solicited_fires_solicited_arm,
+                unsignaled_send_no_completion,
+                sq_sig_all_signals_every_wr,
+                recv_completions_in_posting_order,
+                recv_wc_qp_numbers,
+                recv_byte_len_is_bytes_placed,
+                recv_buffer_too_small,
+                srq_two_qps_share_receives,
+                srq_write_with_imm_consumes_srq_recv,
+                srq_limit_event,
+            }
+            rdma {
+                write_small,
+                write_large_1mib,
+                write_zero_length,
+                write_gather_three_sges,
+                write_inline_copied_at_post,
+                write_with_imm,
+                write_with_imm_zero_length,
+                write_imm_solicited_fires_solicited_arm,
+                write_with_imm_waits_for_recv,
+                read_small,
+                read_multi_packet,
+                read_scatter_three_sges,
+                read_zero_length,
+                reads_beyond_max_rd_atomic_wait,
+                zero_length_rdma_rkey_unchecked,
+                write_mr_edges,
+                read_mr_edges,
+                mixed_ops_complete_in_order,
+            }
+            atomic {
+                fetch_add,
+                cmp_swap_success,
+                cmp_swap_failure,
+                fetch_add_two_qps_sum,
+                mr_without_remote_atomic,
+                qp_without_remote_atomic,
+                invalid_rkey,
+                invalid_lkey,
+            }
+            errors {
+                write_invalid_rkey,
+                read_invalid_rkey,
+                write_rkey_of_other_pd,
+                write_deregistered_mr,
+                write_mr_without_remote_write,
+                read_mr_without_remote_read,
+                write_qp_without_remote_write,
+                read_qp_without_remote_read,
+                send_bad_lkey,
+                read_into_bad_lkey,
+                read_into_mr_without_local_write,
+                recv_bad_lkey,
+                error_after_success_in_order,
+                srq_qp_error_raises_last_wqe_reached,
+                unsignaled_error_completes,
+                no_wr_succeeds_after_error,
+                rnr_retry_exceeded,
+                rnr_retry_infinite_then_recv,
+                retry_exceeded_peer_gone,
             }
         }
     };

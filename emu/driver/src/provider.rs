@@ -45,6 +45,7 @@ pub struct UdpBuilder {
     socket_buffer: usize,
     faults: Option<FaultPlan>,
     peers: Vec<(SocketAddr, NodeId)>,
+    first_node: u32,
     busy_poll: bool,
 }
 
@@ -56,6 +57,7 @@ impl Default for UdpBuilder {
             socket_buffer: DEFAULT_SOCKET_BUFFER,
             faults: None,
             peers: Vec::new(),
+            first_node: 0,
             busy_poll: false,
         }
     }
@@ -99,7 +101,8 @@ impl UdpBuilder {
     }
 
     /// A fault plan every device applies to the datagrams it sends (each device runs its own
-    /// injector from the plan). Node numbers: device `i` of this builder is `NodeId(i)`;
+    /// injector from the plan). Node numbers: device `i` of this builder is `NodeId(i)`
+    /// (`NodeId(first + i)` with [`first_node`](Self::first_node));
     /// other addresses are named with [`peer_node`](Self::peer_node), else
     /// [`crate::UNKNOWN_NODE`].
     pub fn faults(mut self, plan: FaultPlan) -> UdpBuilder {
@@ -111,6 +114,14 @@ impl UdpBuilder {
     /// another provider or process).
     pub fn peer_node(mut self, addr: SocketAddr, node: NodeId) -> UdpBuilder {
         self.peers.push((addr, node));
+        self
+    }
+
+    /// Numbers this builder's devices from `first` in fault plans: device `i` is
+    /// `NodeId(first + i)` (default 0). A process that owns one device of a multi-process
+    /// fabric passes its own node number here.
+    pub fn first_node(mut self, first: NodeId) -> UdpBuilder {
+        self.first_node = first.0;
         self
     }
 
@@ -145,8 +156,9 @@ impl UdpBuilder {
             bound.push((sock, info));
         }
         let mut nodes: HashMap<SocketAddr, NodeId> = self.peers.iter().copied().collect();
+        let node_id = |i: usize| NodeId(self.first_node.saturating_add(node_number(i)));
         for (i, (_, info)) in bound.iter().enumerate() {
-            nodes.insert(info.local_addr, NodeId(node_number(i)));
+            nodes.insert(info.local_addr, node_id(i));
         }
         let mut devices = Vec::with_capacity(bound.len());
         for (i, (sock, info)) in bound.into_iter().enumerate() {
@@ -159,14 +171,14 @@ impl UdpBuilder {
             let faults = FaultConfig {
                 injector: injector.clone(),
                 nodes: nodes.clone(),
-                local: NodeId(node_number(i)),
+                local: node_id(i),
             };
             let engine = Engine::start(sock, info, config, faults, self.busy_poll)?;
             devices.push(UdpDevice(Arc::new(DeviceShared {
                 engine,
                 name,
                 guid,
-                node: NodeId(node_number(i)),
+                node: node_id(i),
             })));
         }
         Ok(UdpProvider {
@@ -351,6 +363,13 @@ impl UdpContext {
             .map_err(|e| Error::invalid(format!("fault plan: {e}")))?;
         self.core().faults().injector = injector;
         Ok(())
+    }
+
+    /// Names the node number fault plans use for datagrams this device sends to `addr` (a
+    /// device of another process, known only once endpoints are exchanged), as
+    /// [`UdpBuilder::peer_node`] does at build time; a later call for the same address wins.
+    pub fn set_peer_node(&self, addr: SocketAddr, node: NodeId) {
+        self.core().faults().nodes.insert(addr, node);
     }
 
     /// The verdict counters of the device's injector, if a plan is installed.
@@ -565,7 +584,12 @@ impl Context for UdpContext {
 
     fn create_srq(&self, pd: &UdpPd, attr: &SrqAttr) -> Result<UdpSrq> {
         self.same_context(&pd.0.ctx, "PD")?;
-        let id = self.query_live(&pd.0.alive, "PD", |st| st.hca.create_srq(pd.0.id, attr))?;
+        let ctx_id = self.ctx.id;
+        let id = self.query_live(&pd.0.alive, "PD", |st| {
+            let id = st.hca.create_srq(pd.0.id, attr)?;
+            st.events.own(EventElement::Srq(id.0), ctx_id);
+            Ok(id)
+        })?;
         Ok(UdpSrq(Arc::new(SrqInner {
             ctx: self.clone(),
             id,

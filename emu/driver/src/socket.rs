@@ -23,10 +23,10 @@ pub struct SocketInfo {
     pub send_buffer: usize,
     /// Whether IPv4 "don't fragment" was forced with `IP_MTU_DISCOVER = IP_PMTUDISC_DO`.
     ///
-    /// Always `false` today: socket2 0.5 has no setter for it and this crate has no `unsafe`
-    /// code to call `setsockopt` itself. Linux's default for UDP (`IP_PMTUDISC_WANT` with
-    /// `net.ipv4.ip_no_pmtu_disc = 0`) already sets DF on every datagram that fits the path
-    /// MTU, and the largest datagram the engine builds (4160 bytes) fits loopback's 65536.
+    /// With it, Linux sends every datagram of an unconnected socket with DF set and IPv4
+    /// identification 0 — the values the ICRC (which covers both) assumes, so a real RoCEv2
+    /// peer's check passes (rc-transport.md §1.8 addendum). `false` for IPv6 sockets, which
+    /// have no identification field, or if the kernel refused the option.
     pub dont_fragment_forced: bool,
 }
 
@@ -44,6 +44,7 @@ pub(crate) fn bind(
     let _ = socket.set_recv_buffer_size(buffer);
     let _ = socket.set_send_buffer_size(buffer);
     socket.set_nonblocking(true)?;
+    let dont_fragment_forced = addr.is_ipv4() && force_dont_fragment(&socket).is_ok();
     socket.bind(&addr.into())?;
     let local_addr = socket
         .local_addr()?
@@ -54,8 +55,33 @@ pub(crate) fn bind(
         requested_buffer: buffer,
         recv_buffer: socket.recv_buffer_size()?,
         send_buffer: socket.send_buffer_size()?,
-        dont_fragment_forced: false,
+        dont_fragment_forced,
     };
     let std_socket: std::net::UdpSocket = socket.into();
     Ok((mio::net::UdpSocket::from_std(std_socket), info))
+}
+
+/// Sets `IP_MTU_DISCOVER = IP_PMTUDISC_DO` on an IPv4 socket (socket2 0.5 has no setter).
+#[allow(unsafe_code)]
+fn force_dont_fragment(socket: &Socket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value: libc::c_int = libc::IP_PMTUDISC_DO;
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>())
+        .map_err(|_| io::Error::other("socklen_t overflow"))?;
+    // SAFETY: the fd is an open socket owned by `socket` for the whole call; the option value
+    // points to a live `c_int` and `len` is exactly its size, as setsockopt(2) requires.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&raw const value).cast(),
+            len,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }

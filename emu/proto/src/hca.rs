@@ -941,6 +941,13 @@ impl Hca {
         Ok(self.qp(qpn)?.rc.stats)
     }
 
+    /// The responder's expected PSN (ePSN, rc-transport.md §2.5) of QP `qpn`, for the fuzz
+    /// targets' invariants (it only moves forward). Not a verbs attribute; not a stable API.
+    #[doc(hidden)]
+    pub fn debug_epsn(&self, qpn: u32) -> Option<u32> {
+        self.qp(qpn).ok().map(|qp| qp.rc.epsn.value())
+    }
+
     /// Device counters: packets no QP accepted plus the sum over live and destroyed QPs.
     pub fn stats(&self) -> Stats {
         let mut total = self.stats;

@@ -258,9 +258,12 @@ fn send(
             capacity,
         };
         if bad {
+            // A malformed receive WQE is class A: NAK 0x63 to the requester (§4.3). Its bad
+            // L_Key is a local protection error at the responder; rxe reports LOC_QP_OP_ERR
+            // (DIVERGENCES.md #4).
             return Err(Reject {
                 nak: NakCode::RemoteOperationalError,
-                recv_status: Some(WcStatus::LocQpOpErr),
+                recv_status: Some(WcStatus::LocProtErr),
             });
         }
     }
@@ -287,7 +290,7 @@ fn send(
     if written.is_err() {
         return Err(Reject {
             nak: NakCode::RemoteOperationalError,
-            recv_status: Some(WcStatus::LocQpOpErr),
+            recv_status: Some(WcStatus::LocProtErr),
         });
     }
     *placed += n;

@@ -63,17 +63,8 @@ pub(crate) fn emit(
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<(), MemoryFault>,
 ) -> Result<usize, TxError> {
-    let header_only = PacketRepr {
-        bth: crate::wire::BthRepr {
-            pad_count: 0,
-            ..hdrs.bth
-        },
-        payload: &[],
-        ..*hdrs
-    };
-    // Headers (and a throw-away ICRC over them) first; the payload then overwrites that ICRC.
-    let hdr_len = header_only.emit(ip, buf)? - ICRC_LEN;
     let pad = pad_len(payload_len);
+    let hdr_len = hdrs.emit_headers(buf)?;
     let total = hdr_len + payload_len + usize::from(pad) + ICRC_LEN;
     let have = buf.len();
     let out = buf

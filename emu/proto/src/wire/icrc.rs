@@ -90,7 +90,8 @@ pub fn icrc_over_headers(headers: &[u8], udp_payload: &[u8]) -> Result<u32, Wire
 /// Errors: as [`icrc_over_headers`], plus [`WireError::TooLong`].
 pub fn compute_icrc(ip: &IpContext, udp_payload: &[u8]) -> Result<u32, WireError> {
     let mut headers = [0; MAX_HEADERS_LEN];
-    let n = ip.emit_headers(udp_payload.len(), &mut headers)?;
+    // The header checksum is masked by the ICRC: no need to compute it.
+    let n = ip.write_headers(udp_payload.len(), &mut headers, false)?;
     icrc_over_headers(&headers[..n], udp_payload)
 }
 

@@ -113,6 +113,17 @@ impl IpContext {
     /// Errors: [`WireError::TooLong`] if a length field would overflow, [`WireError::Truncated`]
     /// if `buf` is shorter than [`IpContext::headers_len`].
     pub fn emit_headers(&self, udp_payload_len: usize, buf: &mut [u8]) -> Result<usize, WireError> {
+        self.write_headers(udp_payload_len, buf, true)
+    }
+
+    /// As [`IpContext::emit_headers`]; with `checksum` false the IPv4 header checksum is left
+    /// zero (the ICRC masks it, so its pseudo-header need not compute it).
+    pub(super) fn write_headers(
+        &self,
+        udp_payload_len: usize,
+        buf: &mut [u8],
+        checksum: bool,
+    ) -> Result<usize, WireError> {
         let len = self.headers_len();
         let have = buf.len();
         let buf = buf
@@ -133,8 +144,10 @@ impl IpContext {
                 ip[10..12].fill(0);
                 ip[12..16].copy_from_slice(&src.octets());
                 ip[16..20].copy_from_slice(&dst.octets());
-                let csum = ipv4_checksum(ip);
-                ip[10..12].copy_from_slice(&csum.to_be_bytes());
+                if checksum {
+                    let csum = ipv4_checksum(ip);
+                    ip[10..12].copy_from_slice(&csum.to_be_bytes());
+                }
             }
             IpAddrs::V6 { src, dst } => {
                 ip[0..4].copy_from_slice(&[0x60, 0, 0, 0]);

@@ -238,6 +238,34 @@ impl<'a> PacketRepr<'a> {
     /// from the opcode's), [`WireError::UnexpectedPayload`], [`WireError::BadPad`] (non-canonical
     /// `bth.pad_count`), [`WireError::Truncated`] (`buf` too small), [`WireError::TooLong`].
     pub fn emit(&self, ip: &IpContext, buf: &mut [u8]) -> Result<usize, WireError> {
+        let n = self.payload.len();
+        if self.bth.pad_count != pad_len(n) {
+            return Err(WireError::BadPad {
+                pad: self.bth.pad_count,
+                len: n,
+            });
+        }
+        let len = self.buffer_len();
+        ip.udp_len(len)?;
+        let have = buf.len();
+        let out = buf
+            .get_mut(..len)
+            .ok_or(WireError::Truncated { need: len, have })?;
+        let at = self.emit_headers(out)?;
+        out[at..at + n].copy_from_slice(self.payload);
+        out[at + n..len - ICRC_LEN].fill(0);
+        fill_icrc(ip, out)?;
+        Ok(len)
+    }
+
+    /// Writes only the BTH and extension headers into the start of `buf` and returns their
+    /// length; the caller appends `payload_len` bytes (whatever `self.payload` holds is
+    /// ignored), zero pad bytes as `bth.pad_count` says, and the ICRC ([`super::fill_icrc`]).
+    /// This lets a sender copy the payload straight from memory into the datagram.
+    /// Errors: [`WireError::UnknownOpcode`], [`WireError::HeaderMismatch`],
+    /// [`WireError::UnexpectedPayload`] (payload on an opcode without one, judged from
+    /// `self.payload`), [`WireError::Truncated`].
+    pub fn emit_headers(&self, buf: &mut [u8]) -> Result<usize, WireError> {
         let op = self.bth.opcode;
         let hdrs = op
             .ext_headers()
@@ -249,14 +277,7 @@ impl<'a> PacketRepr<'a> {
         if !op.has_payload() && n != 0 {
             return Err(WireError::UnexpectedPayload { opcode: op, len: n });
         }
-        if self.bth.pad_count != pad_len(n) {
-            return Err(WireError::BadPad {
-                pad: self.bth.pad_count,
-                len: n,
-            });
-        }
-        let len = self.buffer_len();
-        ip.udp_len(len)?;
+        let len = BTH_LEN + self.ext_headers().len();
         let have = buf.len();
         let out = buf
             .get_mut(..len)
@@ -291,10 +312,7 @@ impl<'a> PacketRepr<'a> {
         if let Some(h) = &self.ieth {
             h.emit(&mut Ieth::new_unchecked(take(out, &mut at, IETH_LEN)));
         }
-        take(out, &mut at, n).copy_from_slice(self.payload);
-        take(out, &mut at, usize::from(pad_len(n))).fill(0);
-        fill_icrc(ip, out)?;
-        Ok(len)
+        Ok(at)
     }
 }
 

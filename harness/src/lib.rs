@@ -3,7 +3,8 @@
 //! Applications that want their backend chosen by configuration call [`open_from_env`] (or
 //! [`registry`] for more control): `SOFTVERBS_PROVIDER=emu` (the default) selects the
 //! in-process emulator, `SOFTVERBS_PROVIDER=udp` the UDP driver (devices on real sockets, see
-//! [`UDP_ADDRS_ENV`]), and later providers (`hw`) plug into the same registry. The
+//! [`UDP_ADDRS_ENV`]), and `SOFTVERBS_PROVIDER=hw` the RDMA devices of rdma-core's libibverbs
+//! (a NIC, or Linux SoftRoCE's `rxe0`; [`verbs_hw`], library loaded at run time). The
 //! returned [`verbs_api::dynamic::AnyContext`] implements [`verbs_api::Context`], so generic code
 //! runs on it unchanged.
 //!
@@ -16,8 +17,11 @@
 //! # Ok::<(), verbs_api::Error>(())
 //! ```
 //!
-//! The binary (`softverbs`) is documented in the README: `demo`, `capture`.
-#![forbid(unsafe_code)]
+//! The binary (`softverbs`) is documented in the README: `demo`, `capture`, `run` (the
+//! multi-process fault-injection harness, [`run`]).
+// `deny`, not `forbid`: the harness's one `kill(2)` call (SIGSTOP/SIGCONT, `run::signal`)
+// is allowed locally; everything else stays safe code.
+#![deny(unsafe_code)]
 
 use std::sync::OnceLock;
 
@@ -31,6 +35,7 @@ pub mod capture;
 pub struct ReadmeDoctests;
 
 pub mod demo;
+pub mod run;
 
 /// Environment variable: number of devices of the process-wide in-process emulator (default 2).
 pub const SIM_DEVICES_ENV: &str = "SOFTVERBS_SIM_DEVICES";
@@ -72,8 +77,11 @@ pub fn udp_provider() -> Result<emu_driver::UdpProvider> {
     .clone()
 }
 
-/// A registry with every built-in provider: `emu` (the in-process emulator) and `udp` (the UDP
-/// driver, [`udp_provider`]; its sockets are bound only when `udp` devices are first listed).
+/// A registry with every built-in provider: `emu` (the in-process emulator), `udp` (the UDP
+/// driver, [`udp_provider`]; its sockets are bound only when `udp` devices are first listed)
+/// and `hw` (libibverbs' devices through [`verbs_hw::HwProvider`]; libibverbs is loaded only
+/// when `hw` devices are first listed, and its absence is a `NotFound` error naming the
+/// library, never a failed start).
 ///
 /// ```
 /// use verbs_api::{Context, ProtectionDomain};
@@ -100,6 +108,14 @@ pub fn registry() -> Registry {
         use verbs_api::Provider;
         let udp = udp_provider()?;
         Ok(udp
+            .devices()?
+            .into_iter()
+            .map(verbs_api::dynamic::AnyDevice::new)
+            .collect())
+    });
+    registry.register("hw", || {
+        use verbs_api::Provider;
+        Ok(verbs_hw::HwProvider::new()?
             .devices()?
             .into_iter()
             .map(verbs_api::dynamic::AnyDevice::new)

@@ -25,11 +25,20 @@ enum Command {
         #[arg(long, value_name = "FILE.pcap")]
         out: std::path::PathBuf,
     },
+    /// Run a workload on N node processes over UDP loopback, inject network and process
+    /// faults, and check from evidence (MR files, completion logs) that nothing was lost,
+    /// duplicated or reordered. Exit code: 0 pass, 1 violation, 2 bad input, 3 harness error.
+    Run(Box<softverbs::run::RunArgs>),
+    /// One node of `softverbs run` (started by the orchestrator; reads JSON lines on stdin).
+    #[command(hide = true)]
+    Node,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => return ExitCode::from(softverbs::run::run(&args)),
+        Command::Node => return softverbs::run::node_main(),
         Command::Demo => demo().map_err(|e| e.to_string()),
         Command::Capture { out } => softverbs::capture::write_demo_capture(&out)
             .map(|summary| {

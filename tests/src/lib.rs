@@ -30,7 +30,9 @@
 //! Outcomes: a passing case passes; a failing case panics with the failed expectation and its
 //! source line. A case that needs a feature the backend lacks (it answered `NotSupported`) is
 //! skipped and says so on stderr (`SKIP name: reason`, printed past the test harness's output
-//! capture); with `SOFTVERBS_CONFORMANCE_STRICT=1` a skip fails. A case listed in the
+//! capture); with `SOFTVERBS_CONFORMANCE_STRICT=1` a skip fails. An instantiation whose `env`
+//! function fails with `NotSupported` (the backend is absent on this machine) skips every case
+//! the same way. A case listed in the
 //! instantiation's known failures prints `XFAIL name: reason` when it fails and fails when it
 //! passes (`XPASS`), so the list shrinks as the backend is fixed.
 #![deny(unsafe_code)]
@@ -77,6 +79,15 @@ pub fn run_case<C: Context>(
 ) {
     let env = match make_env() {
         Ok(env) => env,
+        // The backend is absent on this machine (e.g. no libibverbs or no RDMA device for the
+        // hardware backend): every case is a skip, reported like one.
+        Err(e) if e.kind == verbs_api::ErrorKind::NotSupported => {
+            report(&format!("SKIP {name}: {}", e.detail));
+            if std::env::var(STRICT_ENV).is_ok_and(|v| v.trim() == "1") {
+                panic!("{name} skipped and {STRICT_ENV}=1: {}", e.detail);
+            }
+            return;
+        }
         Err(e) => panic!("{name}: setting up the backend failed: {e}"),
     };
     let known = known_failures.iter().find(|k| k.case == name);
@@ -421,6 +432,17 @@ mod tests {
         // Only meaningful without STRICT; with it set, the skip must fail instead.
         if std::env::var(STRICT_ENV).is_err() {
             run_case("t::skip", env, skips, KNOWN);
+        }
+    }
+
+    #[test]
+    fn absent_backend_skips() {
+        fn absent() -> verbs_api::Result<Env<SimContext>> {
+            Err(verbs_api::Error::unsupported("libibverbs not available"))
+        }
+        // Only meaningful without STRICT; with it set, the skip must fail instead.
+        if std::env::var(STRICT_ENV).is_err() {
+            run_case("t::absent", absent, fails, KNOWN);
         }
     }
 

@@ -1,0 +1,272 @@
+//! The completion log each node appends to (`node{i}.g{gen}.log`): one JSON object per line,
+//! one line per work completion the node polled, written before the node acts on it.
+//!
+//! Lines are buffered and written with one `write(2)` per poll batch, so a node killed by
+//! SIGKILL loses at most the batch it was polling (the kernel keeps what was written); the
+//! file is also `fdatasync`ed at most every [`SYNC_EVERY`] and at the end, which only
+//! matters if the machine itself fails. A killed node's last line may be cut anywhere:
+//! [`read_log`] skips an unterminated last line and reports a malformed line elsewhere
+//! instead of failing.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// What an operation was.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// RDMA WRITE of a record into the peer's write area.
+    Write,
+    /// SEND with immediate (ping, pong or `mixed` send) into the peer's receive slot `seq`.
+    Send,
+    /// RDMA READ of the peer's pattern.
+    Read,
+    /// FETCH_ADD 1 on the peer's counter word.
+    Faa,
+    /// The final 8-byte WRITE of 1 into the peer's fin word.
+    Fin,
+}
+
+/// One log line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum Entry {
+    /// First line: who wrote the log.
+    Start {
+        /// Node index.
+        node: u32,
+        /// Generation.
+        generation: u32,
+        /// Wall-clock time, ms since the Unix epoch.
+        at: u64,
+        /// The node's peer list.
+        peers: Vec<u32>,
+    },
+    /// The workload started (after the start barrier).
+    Run {
+        /// Wall-clock time, ms since the Unix epoch.
+        at: u64,
+    },
+    /// A send-queue completion.
+    Send {
+        /// Peer index.
+        peer: u32,
+        /// wr_id from the completion (the node numbers the WRs of each QP 1, 2, 3, …).
+        wr: u64,
+        /// The operation the node posted with that wr_id.
+        op: OpKind,
+        /// Completion status (rdma-core number).
+        status: u32,
+        /// When it was posted (ms since the Unix epoch).
+        posted: u64,
+        /// When it was polled (ms since the Unix epoch).
+        at: u64,
+        /// Per-op sequence number on this link: record number (write), receive slot (send),
+        /// READ number (read), landing slot (faa).
+        seq: u64,
+        /// Bytes.
+        len: u32,
+        /// Offset in the peer's area: write area (write), pattern (read).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        roff: Option<u64>,
+        /// Offset in this node's READ landing area (read).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        loff: Option<u64>,
+        /// Immediate data (send).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        imm: Option<u32>,
+        /// Record kind of a send: ping, pong or send.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<crate::run::layout::RecordKind>,
+        /// Fetched value (faa, on success).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        val: Option<u64>,
+    },
+    /// A receive-queue completion.
+    Recv {
+        /// Peer index.
+        peer: u32,
+        /// wr_id (receive slot + 1).
+        wr: u64,
+        /// Completion status.
+        status: u32,
+        /// When it was polled.
+        at: u64,
+        /// Bytes received.
+        len: u32,
+        /// Immediate data, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        imm: Option<u32>,
+    },
+    /// Last line of a node that drained: what it posted on each QP.
+    End {
+        /// Wall-clock time.
+        at: u64,
+        /// Per peer: send WRs and receive WRs posted.
+        posted: Vec<Posted>,
+    },
+}
+
+/// Work requests posted on one QP.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Posted {
+    /// Peer index.
+    pub peer: u32,
+    /// Send WRs posted (wr_ids 1..=send).
+    pub send: u64,
+    /// Receive WRs posted (wr_ids 1..=recv).
+    pub recv: u64,
+}
+
+/// Minimum time between two `fdatasync`s of a log.
+pub const SYNC_EVERY: Duration = Duration::from_millis(100);
+
+/// Appends entries to a log file.
+#[derive(Debug)]
+pub struct LogWriter {
+    file: File,
+    buf: Vec<u8>,
+    last_sync: Instant,
+    dirty: bool,
+}
+
+impl LogWriter {
+    /// Creates (or truncates) the log at `path`.
+    pub fn create(path: &Path) -> io::Result<LogWriter> {
+        Ok(LogWriter {
+            file: File::create(path)?,
+            buf: Vec::with_capacity(64 * 1024),
+            last_sync: Instant::now(),
+            dirty: false,
+        })
+    }
+
+    /// Buffers one entry.
+    pub fn push(&mut self, entry: &Entry) {
+        // Serialising these plain structs cannot fail.
+        if serde_json::to_writer(&mut self.buf, entry).is_ok() {
+            self.buf.push(b'\n');
+        }
+    }
+
+    /// Writes the buffered entries (one `write`), and syncs if the last sync is
+    /// [`SYNC_EVERY`] old or `force`.
+    pub fn flush(&mut self, force: bool) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.file.write_all(&self.buf)?;
+            self.buf.clear();
+            self.dirty = true;
+        }
+        if self.dirty && (force || self.last_sync.elapsed() >= SYNC_EVERY) {
+            self.file.sync_data()?;
+            self.last_sync = Instant::now();
+            self.dirty = false;
+        }
+        Ok(())
+    }
+}
+
+/// A log as read back.
+#[derive(Clone, Debug, Default)]
+pub struct LogRead {
+    /// The entries that parsed, in file order.
+    pub entries: Vec<Entry>,
+    /// The file ended without a newline (a node killed mid-write): the cut line was skipped.
+    pub truncated_tail: bool,
+    /// 1-based numbers of complete lines that did not parse.
+    pub bad_lines: Vec<usize>,
+}
+
+/// Largest log read (bigger logs are cut there, as if truncated).
+pub const MAX_LOG: u64 = 1 << 30;
+
+/// Reads a log, tolerating a cut last line. `Err` only if the file cannot be read.
+pub fn read_log(path: &Path) -> io::Result<LogRead> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    File::open(path)?.take(MAX_LOG).read_to_end(&mut bytes)?;
+    Ok(parse_log(&bytes))
+}
+
+/// Parses log bytes (see [`read_log`]).
+pub fn parse_log(bytes: &[u8]) -> LogRead {
+    let mut out = LogRead::default();
+    let mut lines = bytes.split(|&b| b == b'\n').enumerate().peekable();
+    while let Some((i, line)) = lines.next() {
+        let last = lines.peek().is_none();
+        if last {
+            // Text after the final newline: a cut line (or nothing).
+            out.truncated_tail = !line.is_empty();
+            break;
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match serde_json::from_slice::<Entry>(line) {
+            Ok(e) => out.entries.push(e),
+            Err(_) => out.bad_lines.push(i + 1),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn send(wr: u64) -> Entry {
+        Entry::Send {
+            peer: 1,
+            wr,
+            op: OpKind::Write,
+            status: 0,
+            posted: 1,
+            at: 2,
+            seq: wr,
+            len: 64,
+            roff: Some(0),
+            loff: None,
+            imm: None,
+            kind: None,
+            val: None,
+        }
+    }
+
+    #[test]
+    fn cut_and_corrupt_lines_are_reported_not_fatal() {
+        let mut text = Vec::new();
+        for wr in 1..=3 {
+            serde_json::to_writer(&mut text, &send(wr)).unwrap();
+            text.push(b'\n');
+        }
+        let whole = parse_log(&text);
+        assert_eq!(whole.entries.len(), 3);
+        assert!(!whole.truncated_tail && whole.bad_lines.is_empty());
+        // Cut anywhere in the last line: two entries and a truncated tail.
+        let second_end = text
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .nth(1)
+            .unwrap()
+            .0;
+        for cut in second_end + 2..text.len() - 1 {
+            let r = parse_log(&text[..cut]);
+            assert_eq!(r.entries.len(), 2, "cut at {cut}");
+            assert!(r.truncated_tail);
+        }
+        let mut bad = text.clone();
+        bad[5] = b'#';
+        let r = parse_log(&bad);
+        assert_eq!(r.bad_lines, vec![1]);
+        assert_eq!(r.entries.len(), 2);
+        let r = parse_log(&[0xff, 0xfe, b'\n', 0x00]);
+        assert_eq!(r.bad_lines, vec![1]);
+        assert!(r.truncated_tail);
+    }
+}

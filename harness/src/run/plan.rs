@@ -1,0 +1,627 @@
+//! The plan file of `softverbs run --faults PLAN.toml`: network faults (the `seed` and
+//! `[[rule]]` tables of [`emu_fault::FaultPlan`], applied by every node's UDP driver on the
+//! datagrams it sends, node ids = node indices) next to process faults and harness settings.
+//!
+//! ```toml
+//! seed = 7                  # optional: the network faults' seed (default: the run's --seed)
+//!
+//! [[rule]]                  # any emu-fault rule; times count from the run's start
+//! action = "drop"
+//! probability = 0.1
+//!
+//! [[process]]               # kill -9 node 2, 300 ms after the start
+//! node = 2
+//! action = "kill"
+//! at = "300ms"
+//!
+//! [[process]]               # SIGSTOP node 1 once it has completed 200 ops, SIGCONT 150 ms later
+//! node = 1
+//! action = "pause"
+//! after_ops = 200
+//! duration = "150ms"
+//!
+//! [[process]]               # start node 2 again (fresh device, stays out of the workload)
+//! node = 2
+//! action = "restart"
+//! at = "600ms"
+//!
+//! [harness]
+//! expect_errors = false     # true: the network faults may exhaust retries (partitions, holds)
+//! ```
+//!
+//! `[[process]]` keys: `node` (index), `action` (`kill`, `pause`, `restart`), exactly one of
+//! `at` (time since the start) or `after_ops` (once the node reported that many completed
+//! ops), and `duration` (pause only, required). A restart of a live node kills it first.
+//! Errors name the line, column and field; nothing is started for an invalid plan.
+
+use std::fmt;
+use std::time::Duration;
+
+use emu_fault::{Action, FaultPlan, PlanError, Position};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// A parsed plan file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunPlan {
+    /// The network faults, with their seed (the file's, else the run seed).
+    pub network: FaultPlan,
+    /// Whether the file gave the network seed.
+    pub seed_in_file: bool,
+    /// Process faults, in file order.
+    pub process: Vec<ProcessFault>,
+    /// `[harness] expect_errors`: errors the network faults cause are not violations.
+    pub expect_errors: bool,
+}
+
+impl RunPlan {
+    /// A plan without faults: `seed` and nothing else.
+    pub fn empty(seed: u64) -> RunPlan {
+        RunPlan {
+            network: FaultPlan::new(seed),
+            seed_in_file: false,
+            process: Vec::new(),
+            expect_errors: false,
+        }
+    }
+}
+
+/// What a process fault does.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessAction {
+    /// SIGKILL.
+    Kill,
+    /// SIGSTOP, then SIGCONT after the duration.
+    Pause,
+    /// Start the node again (killing it first if it is alive), with a fresh device.
+    Restart,
+}
+
+impl ProcessAction {
+    /// The plan-file name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProcessAction::Kill => "kill",
+            ProcessAction::Pause => "pause",
+            ProcessAction::Restart => "restart",
+        }
+    }
+}
+
+/// When a process fault fires.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// This long after the start barrier.
+    At(Duration),
+    /// Once the node reported at least this many completed operations.
+    AfterOps(u64),
+}
+
+impl fmt::Display for Trigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Trigger::At(d) => write!(f, "at {}", format_duration(*d)),
+            Trigger::AfterOps(n) => write!(f, "after {n} ops"),
+        }
+    }
+}
+
+/// One `[[process]]` table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessFault {
+    /// Node index.
+    pub node: u32,
+    /// What to do.
+    pub action: ProcessAction,
+    /// When.
+    pub trigger: Trigger,
+    /// How long a pause lasts.
+    pub duration: Option<Duration>,
+    /// Line of the table in the plan file (1-based), for error messages.
+    pub line: usize,
+}
+
+impl fmt::Display for ProcessFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} node {} {}",
+            self.action.name(),
+            self.node,
+            self.trigger
+        )?;
+        if let Some(d) = self.duration {
+            write!(f, " for {}", format_duration(d))?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a plan file was rejected: where, which field, what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanFileError {
+    /// 1-based line and column, when known.
+    pub position: Option<Position>,
+    /// The table at fault, e.g. `process[1]` or `rule[0]`.
+    pub table: Option<String>,
+    /// The field at fault.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for PlanFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(Position { line, column }) = self.position {
+            write!(f, "line {line}, column {column}: ")?;
+        }
+        if let Some(t) = &self.table {
+            write!(f, "{t}: ")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, "field `{field}`: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PlanFileError {}
+
+#[derive(Deserialize)]
+struct RawFile {
+    #[serde(default)]
+    process: Vec<Spanned<RawProcess>>,
+    #[serde(default)]
+    harness: Option<Spanned<RawHarness>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProcess {
+    node: Spanned<i64>,
+    action: Spanned<String>,
+    #[serde(default)]
+    at: Option<Spanned<String>>,
+    #[serde(default)]
+    after_ops: Option<Spanned<i64>>,
+    #[serde(default)]
+    duration: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHarness {
+    #[serde(default)]
+    expect_errors: Option<bool>,
+}
+
+fn position(text: &str, offset: usize) -> Position {
+    let before = &text.as_bytes()[..offset.min(text.len())];
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let column = before[line_start..]
+        .iter()
+        .filter(|&&b| b & 0xC0 != 0x80)
+        .count()
+        + 1;
+    Position {
+        line: before.iter().filter(|&&b| b == b'\n').count() + 1,
+        column,
+    }
+}
+
+/// Reads a plan file's text for a run of `nodes` nodes. `seed` is the network seed when the
+/// file has none.
+///
+/// Errors: TOML syntax, unknown keys, missing or invalid fields (a node index of
+/// `nodes` or more among them), in `[[process]]`, `[harness]` or the network rules (as
+/// [`FaultPlan::from_toml`] reports them), each with its line and column.
+pub fn parse(text: &str, seed: u64, nodes: u32) -> Result<RunPlan, PlanFileError> {
+    let at = |span: std::ops::Range<usize>, table: Option<String>, field: &str, msg: String| {
+        PlanFileError {
+            position: Some(position(text, span.start)),
+            table,
+            field: Some(field.to_owned()),
+            message: msg,
+        }
+    };
+    let value: toml::Table = toml::from_str(text).map_err(|e| PlanFileError {
+        position: e.span().map(|s| position(text, s.start)),
+        table: None,
+        field: None,
+        message: one_line(e.message()),
+    })?;
+    let raw: RawFile = toml::from_str(text).map_err(|e| PlanFileError {
+        position: e.span().map(|s| position(text, s.start)),
+        table: None,
+        field: None,
+        message: one_line(e.message()),
+    })?;
+    let mut process = Vec::with_capacity(raw.process.len());
+    for (k, entry) in raw.process.iter().enumerate() {
+        let table = Some(format!("process[{k}]"));
+        let p = entry.get_ref();
+        let line = position(text, entry.span().start).line;
+        let node = u32::try_from(*p.node.get_ref())
+            .ok()
+            .filter(|n| *n < nodes)
+            .ok_or_else(|| {
+                at(
+                    p.node.span(),
+                    table.clone(),
+                    "node",
+                    format!(
+                        "node {} does not exist (the run has {nodes} nodes, 0 to {})",
+                        p.node.get_ref(),
+                        nodes.saturating_sub(1)
+                    ),
+                )
+            })?;
+        let action = match p.action.get_ref().as_str() {
+            "kill" => ProcessAction::Kill,
+            "pause" => ProcessAction::Pause,
+            "restart" => ProcessAction::Restart,
+            other => {
+                return Err(at(
+                    p.action.span(),
+                    table,
+                    "action",
+                    format!("unknown action `{other}`: expected kill, pause or restart"),
+                ));
+            }
+        };
+        let trigger = match (&p.at, &p.after_ops) {
+            (Some(_), Some(n)) => {
+                return Err(at(
+                    n.span(),
+                    table,
+                    "after_ops",
+                    "cannot be combined with `at`".into(),
+                ));
+            }
+            (Some(t), None) => Trigger::At(
+                parse_duration(t.get_ref()).map_err(|m| at(t.span(), table.clone(), "at", m))?,
+            ),
+            (None, Some(n)) => match u64::try_from(*n.get_ref()) {
+                Ok(v) if v >= 1 => Trigger::AfterOps(v),
+                _ => {
+                    return Err(at(
+                        n.span(),
+                        table,
+                        "after_ops",
+                        "must be at least 1".into(),
+                    ));
+                }
+            },
+            (None, None) => {
+                return Err(at(
+                    p.action.span(),
+                    table,
+                    "at",
+                    "a process fault needs `at` or `after_ops`".into(),
+                ));
+            }
+        };
+        let duration = match (&p.duration, action) {
+            (Some(d), ProcessAction::Pause) => {
+                let v = parse_duration(d.get_ref())
+                    .map_err(|m| at(d.span(), table.clone(), "duration", m))?;
+                if v.is_zero() {
+                    return Err(at(d.span(), table, "duration", "must be positive".into()));
+                }
+                Some(v)
+            }
+            (None, ProcessAction::Pause) => {
+                return Err(at(
+                    p.action.span(),
+                    table,
+                    "duration",
+                    "required by action `pause`".into(),
+                ));
+            }
+            (Some(d), _) => {
+                return Err(at(
+                    d.span(),
+                    table,
+                    "duration",
+                    format!("not allowed for action `{}`", action.name()),
+                ));
+            }
+            (None, _) => None,
+        };
+        process.push(ProcessFault {
+            node,
+            action,
+            trigger,
+            duration,
+            line,
+        });
+    }
+    let expect_errors = raw
+        .harness
+        .as_ref()
+        .and_then(|h| h.get_ref().expect_errors)
+        .unwrap_or(false);
+
+    // The network part: the same text with the harness's own tables blanked (line numbers
+    // stay), read by emu-fault.
+    let seed_in_file = value.contains_key("seed");
+    let mut net = blank_harness_tables(text);
+    let shift = if seed_in_file {
+        0
+    } else {
+        net.insert_str(0, &format!("seed = {}\n", seed.min(i64::MAX as u64)));
+        1
+    };
+    let mut network = FaultPlan::from_toml(&net).map_err(|e| plan_error(e, shift))?;
+    if !seed_in_file {
+        network.seed = seed;
+    }
+    Ok(RunPlan {
+        network,
+        seed_in_file,
+        process,
+        expect_errors,
+    })
+}
+
+fn one_line(msg: &str) -> String {
+    msg.trim()
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn plan_error(e: PlanError, shift: usize) -> PlanFileError {
+    PlanFileError {
+        position: e.position.map(|p| Position {
+            line: p.line.saturating_sub(shift).max(1),
+            column: p.column,
+        }),
+        table: e.rule.map(|r| format!("rule[{r}]")),
+        field: e.field.clone(),
+        message: one_line(&e.message),
+    }
+}
+
+/// The text with every `[[process]]` and `[harness]` table replaced by empty lines.
+fn blank_harness_tables(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut blank = false;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            let name: String = t
+                .trim_start_matches('[')
+                .split([']', '#'])
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned();
+            let root = name
+                .split('.')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .trim_matches('"');
+            blank = root == "process" || root == "harness";
+        }
+        if blank {
+            if line.ends_with('\n') {
+                out.push('\n');
+            }
+        } else {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
+/// Parses `"<integer><unit>"` with unit `ns`, `us`, `ms` or `s` (e.g. `"300ms"`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || {
+        format!(
+            "invalid time `{text}`: expected an integer and a unit (ns, us, ms, s), e.g. \"300ms\""
+        )
+    };
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (digits, unit) = text.split_at(split);
+    if digits.is_empty() {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "ns" => Duration::from_nanos(n),
+        "us" => Duration::from_micros(n),
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        _ => return Err(bad()),
+    };
+    Ok(d)
+}
+
+/// Formats a duration as [`parse_duration`] reads it, in the largest exact unit.
+pub fn format_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    for (unit, scale) in [("s", 1_000_000_000u128), ("ms", 1_000_000), ("us", 1_000)] {
+        if ns % scale == 0 {
+            return format!("{}{unit}", ns / scale);
+        }
+    }
+    format!("{ns}ns")
+}
+
+/// Whether the plan has rules that can cut a link for good (partitions, holds, certain
+/// drops): then retry exhaustion is an expected outcome, not a violation.
+pub fn may_cut_links(plan: &FaultPlan) -> bool {
+    plan.rules.iter().any(|r| match r.action {
+        Action::Partition { .. } | Action::Hold { .. } => true,
+        Action::Drop => r.probability >= 0.5,
+        _ => false,
+    })
+}
+
+/// The network plan with every time (windows, hold release) moved later by `offset`, so that
+/// times written relative to the run's start apply to a device created `offset` earlier.
+pub fn shift_plan(plan: &FaultPlan, offset: Duration) -> FaultPlan {
+    let shift = |t: emu_proto::Instant| {
+        if t == emu_proto::Instant::MAX {
+            t
+        } else {
+            t.saturating_add(offset)
+        }
+    };
+    let mut out = plan.clone();
+    for rule in &mut out.rules {
+        if let Some(w) = rule.matcher.window.as_mut() {
+            w.start = shift(w.start);
+            w.end = shift(w.end);
+        }
+        if let Action::Hold { until: Some(u) } = &mut rule.action {
+            *u = shift(*u);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const GOOD: &str = r#"
+[[rule]]
+action = "drop"
+probability = 0.1
+
+[[process]]
+node = 2
+action = "kill"
+at = "300ms"
+
+[[rule]]
+action = "duplicate"
+copies = 1
+probability = 0.1
+
+[[process]]
+node = 1
+action = "pause"
+after_ops = 200
+duration = "150ms"
+
+[harness]
+expect_errors = true
+"#;
+
+    #[test]
+    fn reads_both_kinds_of_fault() {
+        let plan = parse(GOOD, 9, 3).unwrap();
+        assert_eq!(plan.network.seed, 9);
+        assert!(!plan.seed_in_file);
+        assert_eq!(plan.network.rules.len(), 2);
+        assert_eq!(plan.process.len(), 2);
+        assert_eq!(
+            plan.process[0].trigger,
+            Trigger::At(Duration::from_millis(300))
+        );
+        assert_eq!(plan.process[0].line, 6);
+        assert_eq!(plan.process[1].duration, Some(Duration::from_millis(150)));
+        assert!(plan.expect_errors);
+        let with_seed = parse(&format!("seed = 5\n{GOOD}"), 9, 3).unwrap();
+        assert_eq!(with_seed.network.seed, 5);
+        assert!(with_seed.seed_in_file);
+    }
+
+    #[test]
+    fn errors_name_line_and_field() {
+        let e = parse("[[rule]]\naction = \"drop\"\nprobability = 2.0\n", 1, 3).unwrap_err();
+        assert_eq!(e.position.unwrap().line, 3, "{e}");
+        assert_eq!(e.field.as_deref(), Some("probability"));
+        let e = parse(
+            "[[process]]\nnode = 1\naction = \"pause\"\nat = \"1ms\"\n",
+            1,
+            3,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("duration"), "{e}");
+        let e = parse(
+            "[[process]]\nnode = 1\naction = \"nap\"\nat = \"1ms\"\n",
+            1,
+            3,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("line 3, column 10: process[0]: field `action`"),
+            "{e}"
+        );
+        let e = parse(
+            "[[process]]\nnode = 1\naction = \"kill\"\nat = \"1 ms\"\n",
+            1,
+            3,
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("at"), "{e}");
+        let e = parse("[[process]]\nnode = 1\naction = \"kill\"\nwhen = 3\n", 1, 3).unwrap_err();
+        assert!(e.to_string().contains("when"), "{e}");
+        let e = parse("[[process]\n", 1, 3).unwrap_err();
+        assert!(e.position.is_some(), "{e}");
+        let e = parse("bogus = 1\n", 1, 3).unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let e = parse(
+            "[[process]]\nnode = 3\naction = \"kill\"\nat = \"1ms\"\n",
+            1,
+            3,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("line 2, column 8: process[0]: field `node`: node 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn example_plans_parse() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("plans");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                parse(&text, 1, 4).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                seen += 1;
+            }
+        }
+        assert!(seen >= 5);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("99999999999999999999s").is_err());
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format_duration(Duration::from_secs(2)), "2s");
+    }
+
+    #[test]
+    fn shifting_moves_windows() {
+        let plan = parse(
+            "[[rule]]\naction = \"drop\"\nstart = \"10ms\"\nend = \"20ms\"\n",
+            1,
+            3,
+        )
+        .unwrap();
+        let shifted = shift_plan(&plan.network, Duration::from_millis(5));
+        let w = shifted.rules[0].matcher.window.unwrap();
+        assert_eq!(w.start.as_nanos(), 15_000_000);
+        assert_eq!(w.end.as_nanos(), 25_000_000);
+    }
+}

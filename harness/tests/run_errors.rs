@@ -1,0 +1,112 @@
+//! `softverbs run` fails the right way: bad input is refused before anything starts (exit 2),
+//! and a corrupted piece of evidence is caught (exit 1), which shows the checker can fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{num, run, test_dir};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_bad_plan_file_is_refused_with_its_line_and_field() {
+    let cases = [
+        (
+            "[[rule]]\naction = \"drop\"\nprobability = 1.5\n",
+            "line 3, column 15: rule[0]: field `probability`",
+        ),
+        (
+            "[[process]]\nnode = 1\naction = \"pause\"\nat = \"100ms\"\n",
+            "process[0]: field `duration`: required by action `pause`",
+        ),
+        (
+            "[[process]]\nnode = 5\naction = \"kill\"\nat = \"100ms\"\n",
+            "line 2, column 8: process[0]: field `node`: node 5 does not exist",
+        ),
+        (
+            "[[process]]\nnode = 1\naction = \"explode\"\nat = \"100ms\"\n",
+            "line 3, column 10: process[0]: field `action`",
+        ),
+        ("seed = 1\n[[rule]\n", "line 2"),
+    ];
+    for (k, (plan, want)) in cases.iter().enumerate() {
+        let out = run(
+            &format!("bad-plan-{k}"),
+            &["--nodes", "3"],
+            Some(plan),
+            LIMIT,
+        );
+        assert_eq!(out.code, 2, "{}", out.dump());
+        assert!(out.stderr.contains(want), "want {want:?}\n{}", out.dump());
+        assert!(out.report.is_none(), "nothing ran, so no report");
+        assert!(
+            !out.run_dir.exists(),
+            "nothing started, not even the run dir"
+        );
+    }
+}
+
+#[test]
+fn bad_flags_exit_2() {
+    for args in [
+        &["--workload", "unknown"][..],
+        &["--nodes", "1"],
+        &["--ops", "5", "--duration", "1s"],
+        &["--duration", "soon"],
+    ] {
+        let out = run("bad-flags", args, None, LIMIT);
+        assert_eq!(out.code, 2, "{args:?}\n{}", out.dump());
+    }
+    let dir = test_dir("missing-plan");
+    let out = run(
+        "missing-plan",
+        &["--faults", dir.join("nope.toml").to_str().unwrap()],
+        None,
+        LIMIT,
+    );
+    assert_eq!(out.code, 2, "{}", out.dump());
+    assert!(out.stderr.contains("nope.toml"), "{}", out.dump());
+}
+
+#[test]
+fn a_corrupted_target_byte_is_caught() {
+    let out = run(
+        "self-test-corrupt",
+        &[
+            "--nodes",
+            "3",
+            "--workload",
+            "stream-write",
+            "--ops",
+            "100",
+            "--seed",
+            "4",
+            "--self-test-corrupt",
+            "--timeout",
+            "30s",
+        ],
+        None,
+        LIMIT,
+    );
+    assert_eq!(out.code, 1, "{}", out.dump());
+    let report = out.report();
+    assert_eq!(report["passed"], false);
+    let write = out.invariant("write-data");
+    assert_eq!(num(&write["violation_count"]), 1, "{write}");
+    assert!(
+        write["violations"][0]
+            .as_str()
+            .unwrap()
+            .contains("differ at the target"),
+        "{write}"
+    );
+    assert!(out.stdout.contains("result: FAIL"), "{}", out.dump());
+    assert!(
+        out.stdout
+            .contains("replay: softverbs run --nodes 3 --workload stream-write --seed 4"),
+        "{}",
+        out.dump()
+    );
+}

@@ -137,11 +137,14 @@ pub struct Hca {
     wcs: Vec<(CqId, WorkCompletion, bool)>,
     /// Device-level counters (packets no QP took) plus the totals of destroyed QPs.
     stats: Stats,
+    /// The device's IP address (its GID), cached: it is needed for every packet.
+    own_ip: IpAddr,
 }
 
 impl Hca {
     /// A fresh HCA with no objects.
     pub fn new(config: HcaConfig) -> Hca {
+        let config_ip = config.gid.to_ip();
         let rng = ChaCha8Rng::seed_from_u64(config.seed);
         let mut mrs = Table::default();
         // Reserve index 0 so that no key is ever 0x000000xx.
@@ -169,6 +172,7 @@ impl Hca {
             timers: BTreeSet::new(),
             wcs: Vec::new(),
             stats: Stats::default(),
+            own_ip: config_ip,
         }
     }
 
@@ -634,6 +638,7 @@ impl Hca {
             sq: VecDeque::new(),
             rq: VecDeque::new(),
             rc: crate::rc::RcState::default(),
+            peer_ip: QpAttr::default().ah_attr.dgid.to_ip(),
         };
         let index = self
             .qps
@@ -667,6 +672,7 @@ impl Hca {
         let qp = self.qp_mut(qpn)?;
         let t = qp::check_modify(qp, attr, mask, &limits, max_mtu)?;
         qp::apply_attrs(&mut qp.attr, attr, mask);
+        qp.peer_ip = qp.attr.ah_attr.dgid.to_ip();
         qp.attr.qp_state = t.to;
         let rc = &mut qp.rc;
         match (t.from, t.to) {
@@ -678,6 +684,7 @@ impl Hca {
                     cap,
                     ..QpAttr::default()
                 };
+                qp.peer_ip = qp.attr.ah_attr.dgid.to_ip();
                 // Keep what ties the QP to the HCA's indices; `sync_timer` below drops the timer.
                 let (stats, timer_key, queued) = (rc.stats, rc.timer_key, rc.queued);
                 *rc = rc::RcState::default();
@@ -820,7 +827,7 @@ impl Hca {
         bytes: &[u8],
         mem: &dyn Memory,
     ) {
-        let own = self.config.gid.to_ip();
+        let own = self.own_ip;
         let Ok(ip) = rc::tx::ip_context(src.ip(), own, src.port(), self.config.udp_port) else {
             self.stats.dropped += 1;
             return;
@@ -846,7 +853,7 @@ impl Hca {
             op.is_response() && matches!(state, QpState::Rts | QpState::Sqd)
         };
         // rxe drops a foreign source address or P_Key silently (§1.10, trap 10).
-        if !accepts || qp.attr.ah_attr.dgid.to_ip() != src.ip() || pkt.bth.pkey & 0x7FFF != 0x7FFF {
+        if !accepts || qp.peer_ip != src.ip() || pkt.bth.pkey & 0x7FFF != 0x7FFF {
             qp.rc.stats.dropped += 1;
             return;
         }
@@ -903,7 +910,7 @@ impl Hca {
         mem: &dyn Memory,
         buf: &mut [u8],
     ) -> Option<Transmit> {
-        let src_ip: IpAddr = self.config.gid.to_ip();
+        let src_ip: IpAddr = self.own_ip;
         while let Some(qpn) = self.ready.pop_front() {
             let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
                 continue;
@@ -921,7 +928,7 @@ impl Hca {
                 .or_else(|| requester::next_packet(qp, &mut ctx, src_ip, buf));
             let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Verdict::Fatal
                 || std::mem::take(&mut qp.rc.resp_fatal);
-            let dst = SocketAddr::new(qp.attr.ah_attr.dgid.to_ip(), qp.attr.ah_attr.udp_dport);
+            let dst = SocketAddr::new(qp.peer_ip, qp.attr.ah_attr.udp_dport);
             let src_port = crate::wire::ip::udp_sport(qpn, qp.attr.dest_qp_num);
             self.after_step(qpn, fatal, len.is_some());
             if let Some(len) = len {

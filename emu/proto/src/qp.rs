@@ -91,6 +91,8 @@ pub(crate) struct Qp {
     pub(crate) rq: VecDeque<RecvWqe>,
     /// RC transport state.
     pub(crate) rc: crate::rc::RcState,
+    /// `attr.ah_attr.dgid` as an IP address, cached (needed for every packet).
+    pub(crate) peer_ip: std::net::IpAddr,
 }
 
 impl Qp {

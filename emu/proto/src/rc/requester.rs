@@ -212,7 +212,7 @@ fn build(
     let psn = t.first_psn.wrapping_add(i);
     let ip = tx::ip_context(
         src_ip,
-        qp.attr.ah_attr.dgid.to_ip(),
+        qp.peer_ip,
         udp_sport(qp.qpn, qp.attr.dest_qp_num),
         qp.attr.ah_attr.udp_dport,
     )?;

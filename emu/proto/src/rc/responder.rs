@@ -366,6 +366,7 @@ fn write(
             total: reth.dma_len,
         };
     }
+    let pd = qp.pd;
     let InMsg::Write {
         key,
         offset,
@@ -379,7 +380,12 @@ fn write(
     if n > *remaining || (last && n != *remaining) {
         return Err(reject(NakCode::InvalidRequest));
     }
-    if n != 0 && ctx.mem.write(*key, *offset, pkt.payload).is_err() {
+    // MIDDLE and LAST reuse the MR resolved on FIRST (§4.4), but only while it is still
+    // registered: once deregistered, its key is stale and its index may already name another
+    // MR, which drivers that map memory by key index (emu-sim) would write into. As for an MR
+    // gone mid-READ, that is an R_Key violation (class C).
+    if n != 0 && (ctx.mr(*key, pd).is_none() || ctx.mem.write(*key, *offset, pkt.payload).is_err())
+    {
         return Err(reject(NakCode::RemoteAccessError));
     }
     *offset += n;
@@ -576,7 +582,7 @@ pub(crate) fn next_packet(
     let resp = *qp.rc.responses.front()?;
     let ip = tx::ip_context(
         src_ip,
-        qp.attr.ah_attr.dgid.to_ip(),
+        qp.peer_ip,
         udp_sport(qp.qpn, qp.attr.dest_qp_num),
         qp.attr.ah_attr.udp_dport,
     )

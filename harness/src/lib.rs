@@ -35,6 +35,7 @@ pub mod capture;
 pub struct ReadmeDoctests;
 
 pub mod demo;
+pub mod perf;
 pub mod run;
 
 /// Environment variable: number of devices of the process-wide in-process emulator (default 2).

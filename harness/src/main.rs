@@ -32,6 +32,10 @@ enum Command {
     /// One node of `softverbs run` (started by the orchestrator; reads JSON lines on stdin).
     #[command(hide = true)]
     Node,
+    /// perftest-shaped benchmarks (write_bw, write_lat, send_bw, send_lat, read_bw, read_lat,
+    /// atomic_bw, atomic_lat, scale), optionally against raw UDP in the same run
+    /// (`--baseline`). Exit code: 0 done, 1 failed, 2 bad flags.
+    Perf(Box<softverbs::perf::PerfArgs>),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +43,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => return ExitCode::from(softverbs::run::run(&args)),
         Command::Node => return softverbs::run::node_main(),
+        Command::Perf(args) => return ExitCode::from(softverbs::perf::run(*args)),
         Command::Demo => demo().map_err(|e| e.to_string()),
         Command::Capture { out } => softverbs::capture::write_demo_capture(&out)
             .map(|summary| {

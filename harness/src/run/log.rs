@@ -2,8 +2,9 @@
 //! one line per work completion the node polled, written before the node acts on it.
 //!
 //! Lines are buffered and written with one `write(2)` per poll batch, so a node killed by
-//! SIGKILL loses at most the batch it was polling (the kernel keeps what was written); the
-//! file is also `fdatasync`ed at most every [`SYNC_EVERY`] and at the end, which only
+//! SIGKILL loses at most the batch it was polling (the kernel keeps what was written). Each
+//! batch is also `fdatasync`ed within [`SYNC_EVERY`] by a background thread (so a slow disk
+//! never stalls the node's completion loop), and synchronously at the end; that only
 //! matters if the machine itself fails. A killed node's last line may be cut anywhere:
 //! [`read_log`] skips an unterminated last line and reports a malformed line elsewhere
 //! instead of failing.
@@ -11,7 +12,11 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -130,18 +135,42 @@ pub const SYNC_EVERY: Duration = Duration::from_millis(100);
 pub struct LogWriter {
     file: File,
     buf: Vec<u8>,
-    last_sync: Instant,
-    dirty: bool,
+    /// Written since the last sync.
+    dirty: Arc<AtomicBool>,
+    /// Stops the sync thread when dropped.
+    stop: Option<mpsc::Sender<()>>,
+    syncer: Option<JoinHandle<()>>,
 }
 
 impl LogWriter {
-    /// Creates (or truncates) the log at `path`.
+    /// Creates (or truncates) the log at `path` and starts its sync thread.
     pub fn create(path: &Path) -> io::Result<LogWriter> {
+        let file = File::create(path)?;
+        let dirty = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = mpsc::channel::<()>();
+        let syncer = {
+            let file = file.try_clone()?;
+            let dirty = dirty.clone();
+            std::thread::Builder::new()
+                .name("log-sync".into())
+                .spawn(move || {
+                    loop {
+                        match stopped.recv_timeout(SYNC_EVERY) {
+                            Err(RecvTimeoutError::Timeout) => {}
+                            _ => return,
+                        }
+                        if dirty.swap(false, Ordering::AcqRel) {
+                            let _ = file.sync_data();
+                        }
+                    }
+                })?
+        };
         Ok(LogWriter {
-            file: File::create(path)?,
+            file,
             buf: Vec::with_capacity(64 * 1024),
-            last_sync: Instant::now(),
-            dirty: false,
+            dirty,
+            stop: Some(stop),
+            syncer: Some(syncer),
         })
     }
 
@@ -153,20 +182,27 @@ impl LogWriter {
         }
     }
 
-    /// Writes the buffered entries (one `write`), and syncs if the last sync is
-    /// [`SYNC_EVERY`] old or `force`.
-    pub fn flush(&mut self, force: bool) -> io::Result<()> {
+    /// Writes the buffered entries (one `write`); the sync thread syncs them within
+    /// [`SYNC_EVERY`], or this call does at once if `sync`.
+    pub fn flush(&mut self, sync: bool) -> io::Result<()> {
         if !self.buf.is_empty() {
             self.file.write_all(&self.buf)?;
             self.buf.clear();
-            self.dirty = true;
+            self.dirty.store(true, Ordering::Release);
         }
-        if self.dirty && (force || self.last_sync.elapsed() >= SYNC_EVERY) {
+        if sync && self.dirty.swap(false, Ordering::AcqRel) {
             self.file.sync_data()?;
-            self.last_sync = Instant::now();
-            self.dirty = false;
         }
         Ok(())
+    }
+}
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.syncer.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -407,6 +407,12 @@ struct Link {
     pongs_due: VecDeque<u32>,
     /// No capacity left for any operation of the workload.
     exhausted: bool,
+    /// The last completion on this link (either queue).
+    last_progress: Instant,
+    /// A ping's pong did not come within two retry budgets and the slack: the peer's QP
+    /// failed (its pong ran out of retries). No more workload on this link; the fin
+    /// WRITE will report the QP's fate.
+    stalled: bool,
 }
 
 impl Link {
@@ -446,6 +452,8 @@ impl Link {
             ping_out: None,
             pongs_due: VecDeque::new(),
             exhausted: false,
+            last_progress: Instant::now(),
+            stalled: false,
         }
     }
 
@@ -543,7 +551,7 @@ impl Node {
                         .links
                         .iter()
                         .filter(|l| self.issues_on(l))
-                        .all(|l| l.failed.is_some() || l.exhausted);
+                        .all(|l| l.failed.is_some() || l.exhausted || l.stalled);
                     if out_of_budget || no_link {
                         phase = Phase::Drain(now);
                     }
@@ -587,6 +595,9 @@ impl Node {
             }
             let polled = self.poll_all()?;
             busy |= polled > 0;
+            // After polling, so a loop that was held up (a slow disk, a loaded machine) first
+            // sees what arrived meanwhile.
+            self.check_stalls(budget * 2 + slack);
             self.log.flush(false).map_err(err("writing the log"))?;
             if last_progress.elapsed() >= PROGRESS_EVERY && phase == Phase::Run {
                 send(&FromNode::Progress {
@@ -596,6 +607,23 @@ impl Node {
             }
             if !busy {
                 self.wait_for_completion(Duration::from_millis(2))?;
+            }
+        }
+    }
+
+    /// Gives up on pings whose pong has not come for `limit` (see [`Link::stalled`]): two
+    /// retry budgets (a pong can wait behind the peer's own ping and then retry itself) plus
+    /// the slack.
+    fn check_stalls(&mut self, limit: Duration) {
+        for link in &mut self.links {
+            if link.ping_out.is_some() && link.last_progress.elapsed() > limit {
+                link.ping_out = None;
+                link.stalled = true;
+                self.summary.ops_failed += 1;
+                eprintln!(
+                    "node {}: no pong from node {} in {limit:?}; no more pings on that QP",
+                    self.cfg.index, link.peer
+                );
             }
         }
     }
@@ -643,6 +671,7 @@ impl Node {
                     || !self.issues_on(link)
                     || link.failed.is_some()
                     || link.exhausted
+                    || link.stalled
                     || link.outstanding.len() >= SQ_LIMIT
                 {
                     break;
@@ -818,6 +847,7 @@ impl Node {
             let link = &mut self.links[li];
             link.ping_no = no;
             link.ping_out = Some(no);
+            link.last_progress = Instant::now();
         }
         Some(ok)
     }
@@ -1025,19 +1055,21 @@ impl Node {
         let mut total = 0;
         let mut wcs = [WorkCompletion::default(); POLL_BATCH];
         for li in 0..self.links.len() {
-            let n = self.links[li].scq.poll(&mut wcs).map_err(err("poll_cq"))?;
-            for wc in &wcs[..n] {
+            let sent = self.links[li].scq.poll(&mut wcs).map_err(err("poll_cq"))?;
+            for wc in &wcs[..sent] {
                 self.on_send(li, wc);
             }
-            total += n;
-            let n = self.links[li].rcq.poll(&mut wcs).map_err(err("poll_cq"))?;
-            for wc in &wcs[..n] {
+            let received = self.links[li].rcq.poll(&mut wcs).map_err(err("poll_cq"))?;
+            for wc in &wcs[..received] {
                 self.on_recv(li, wc);
             }
-            total += n;
-            if n > 0 {
+            if received > 0 {
                 self.top_up_recvs(li);
             }
+            if sent + received > 0 {
+                self.links[li].last_progress = Instant::now();
+            }
+            total += sent + received;
             if let Some((_, cq)) = &self.links[li].resp {
                 let n = cq.poll(&mut wcs).map_err(err("poll_cq"))?;
                 if n > 0 {
@@ -1223,6 +1255,10 @@ impl Node {
             } else if link.ping_out == Some(imm & !PONG) {
                 link.ping_out = None;
                 self.summary.ops_ok += 1;
+            } else if link.ping_out.is_none() && imm & !PONG == link.ping_no {
+                // The pong of the last ping, which this side already gave up on (its ACKs
+                // were lost until the QP ran out of retries, or the pong was late): the
+                // ping did arrive. Not counted as an operation.
             } else {
                 self.summary.problems.push(format!(
                     "node {}: pong {} while waiting for {:?}",

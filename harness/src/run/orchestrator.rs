@@ -876,6 +876,19 @@ impl Orchestrator {
 
     fn report(&self, started: Instant) -> Report {
         let c = &self.cfg;
+        let expect_reason = if c.plan.expect_errors {
+            Some("the plan says [harness] expect_errors = true".to_owned())
+        } else if plan::may_cut_links(&c.plan.network) {
+            Some("the plan has partition, hold or p >= 0.5 drop rules".to_owned())
+        } else if plan::retry_exhaustion_plausible(&c.plan.network, c.qp.retry_cnt) {
+            Some(format!(
+                "up to {:.0} % random loss per datagram may exhaust retry_cnt {}",
+                plan::loss_bound(&c.plan.network) * 100.0,
+                c.qp.retry_cnt
+            ))
+        } else {
+            None
+        };
         let evidence = Evidence {
             nodes: c.nodes,
             workload: c.workload,
@@ -883,7 +896,7 @@ impl Orchestrator {
             qp: c.qp,
             slack: c.slack,
             run_dir: c.run_dir.clone(),
-            expect_errors: c.plan.expect_errors || plan::may_cut_links(&c.plan.network),
+            expect_errors: expect_reason.is_some(),
             facts: self.facts(),
         };
         let result = check::check(&evidence);
@@ -960,6 +973,7 @@ impl Orchestrator {
                 rules: c.plan.network.rules.len(),
                 process: c.plan.process.iter().map(ToString::to_string).collect(),
                 expect_errors: evidence.expect_errors,
+                expect_errors_reason: expect_reason,
             },
             qp: QpInfo {
                 timeout: c.qp.timeout,

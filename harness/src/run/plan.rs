@@ -465,6 +465,35 @@ pub fn may_cut_links(plan: &FaultPlan) -> bool {
     })
 }
 
+/// An upper bound on the chance that one datagram is lost to the plan's `drop`, `corrupt`
+/// and `truncate` rules (corrupted and truncated datagrams fail the receiver's ICRC check),
+/// taking every rule as if it matched every datagram.
+pub fn loss_bound(plan: &FaultPlan) -> f64 {
+    let kept: f64 = plan
+        .rules
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.action,
+                Action::Drop | Action::Corrupt | Action::Truncate { .. }
+            )
+        })
+        .map(|r| 1.0 - r.probability.clamp(0.0, 1.0))
+        .product();
+    1.0 - kept
+}
+
+/// Whether the plan's random loss may plausibly exhaust `retry_cnt` retries: an attempt (a
+/// request and its answer, each crossing one injector) fails with `f = 1 - (1 - p)²`, and
+/// `retry_cnt + 1` failures in a row are more likely than 10⁻⁵ per retry. Then a retry
+/// exhaustion is a legitimate outcome, not a liveness violation (10 % loss with 7 retries
+/// stays strict; 15 % does not).
+pub fn retry_exhaustion_plausible(plan: &FaultPlan, retry_cnt: u8) -> bool {
+    let p = loss_bound(plan);
+    let f = 1.0 - (1.0 - p) * (1.0 - p);
+    f.powi(i32::from(retry_cnt) + 1) > 1e-5
+}
+
 /// The network plan with every time (windows, hold release) moved later by `offset`, so that
 /// times written relative to the run's start apply to a device created `offset` earlier.
 pub fn shift_plan(plan: &FaultPlan, offset: Duration) -> FaultPlan {
@@ -599,6 +628,16 @@ expect_errors = true
             }
         }
         assert!(seen >= 5);
+    }
+
+    #[test]
+    fn heavy_loss_may_exhaust_retries() {
+        let plan = |p: f64| FaultPlan::new(1).rule(emu_fault::drop(p));
+        assert!(!retry_exhaustion_plausible(&plan(0.1), 7));
+        assert!(retry_exhaustion_plausible(&plan(0.15), 7));
+        assert!(retry_exhaustion_plausible(&plan(0.1), 3));
+        assert!(!retry_exhaustion_plausible(&FaultPlan::new(1), 0));
+        assert!((loss_bound(&plan(0.5).rule(emu_fault::corrupt(0.5))) - 0.75).abs() < 1e-9);
     }
 
     #[test]

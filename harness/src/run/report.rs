@@ -69,8 +69,11 @@ pub struct PlanInfo {
     pub rules: usize,
     /// Process faults, described.
     pub process: Vec<String>,
-    /// `[harness] expect_errors`.
+    /// Retry exhaustion is an accepted outcome of the network faults (so errors they cause
+    /// are not liveness violations).
     pub expect_errors: bool,
+    /// Why errors are accepted, if they are.
+    pub expect_errors_reason: Option<String>,
 }
 
 /// QP parameters and derived bounds.
@@ -175,6 +178,9 @@ pub fn render(r: &Report) -> String {
         r.plan.process.len(),
         r.elapsed_ms as f64 / 1000.0
     );
+    if let Some(why) = &r.plan.expect_errors_reason {
+        let _ = writeln!(s, "liveness: retry exhaustion accepted ({why})");
+    }
     let _ = writeln!(
         s,
         "qp: timeout {} ({:.1} ms) × (retry_cnt {} + 1) = budget {:.0} ms; detection bound {} ms",

@@ -1,0 +1,344 @@
+//! `softverbs perf`: every test type runs (tiny `-n`, debug build) and prints perftest's
+//! columns with positive values; bad flags exit 2 with a message. No timing assertions: these
+//! are benchmarks, checked for shape only.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One benchmark process at a time (two cores).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn dump(&self) -> String {
+        format!(
+            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Kills the child if the test fails first.
+struct Guard(Option<std::process::Child>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn perf(args: &[&str]) -> Out {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = Guard(Some(
+        Command::new(env!("CARGO_BIN_EXE_softverbs"))
+            .arg("perf")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let child = guard.0.as_mut().unwrap();
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "perf {args:?} ran over 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    guard.0 = None;
+    Out {
+        code: status.code().unwrap_or(-1),
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
+}
+
+/// The rows under the column header line that starts with ` #bytes`, as numbers.
+fn rows(out: &Out) -> (Vec<String>, Vec<Vec<f64>>) {
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let h = lines
+        .iter()
+        .position(|l| l.starts_with(" #bytes"))
+        .unwrap_or_else(|| panic!("no column header\n{}", out.dump()));
+    let header = lines[h].to_string();
+    let mut rows = Vec::new();
+    for l in &lines[h + 1..] {
+        if l.starts_with("---") {
+            break;
+        }
+        if l.trim_start().starts_with("UDP baseline") {
+            continue;
+        }
+        let nums: Vec<f64> = l
+            .split_whitespace()
+            .map(|v| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("{v:?} is not a number\n{}", out.dump()))
+            })
+            .collect();
+        rows.push(nums);
+    }
+    assert!(!rows.is_empty(), "no result rows\n{}", out.dump());
+    (vec![header], rows)
+}
+
+const BW_HEADER: &str =
+    " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]";
+const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]";
+
+fn check_bw(args: &[&str], size: f64, iters: f64, baseline: bool) {
+    let out = perf(args);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let (header, rows) = rows(&out);
+    assert!(header[0].starts_with(BW_HEADER), "{}", out.dump());
+    assert_eq!(header[0].ends_with("   ratio"), baseline, "{}", out.dump());
+    for r in rows {
+        assert_eq!(r.len(), if baseline { 7 } else { 5 }, "{}", out.dump());
+        assert_eq!((r[0], r[1]), (size, iters), "{}", out.dump());
+        // BW average and message rate are positive (the peak may be 0 for tiny runs).
+        assert!(r[3] > 0.0 && r[4] > 0.0, "{}", out.dump());
+        if baseline {
+            // The ratio prints with 2 decimals: a debug build may show 0.00.
+            assert!(r[5] > 0.0 && r[6] >= 0.0, "{}", out.dump());
+        }
+    }
+}
+
+fn check_lat(args: &[&str], size: f64, iters: f64, baseline: bool) {
+    let out = perf(args);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let (header, rows) = rows(&out);
+    assert!(header[0].starts_with(LAT_HEADER), "{}", out.dump());
+    for r in rows {
+        assert_eq!(r.len(), if baseline { 11 } else { 9 }, "{}", out.dump());
+        assert_eq!((r[0], r[1]), (size, iters), "{}", out.dump());
+        let (min, max, typical, avg) = (r[2], r[3], r[4], r[5]);
+        assert!(
+            min > 0.0 && min <= typical && typical <= max,
+            "{}",
+            out.dump()
+        );
+        assert!(avg >= min && avg <= max, "{}", out.dump());
+        assert!(r[7] >= typical && r[8] >= r[7], "{}", out.dump());
+        if baseline {
+            assert!(r[9] > 0.0 && r[10] > 0.0, "{}", out.dump());
+        }
+    }
+}
+
+#[test]
+fn bandwidth_tests_over_udp() {
+    check_bw(&["write_bw", "-n", "50", "-s", "4096"], 4096.0, 50.0, false);
+    check_bw(&["send_bw", "-n", "50", "-s", "1024"], 1024.0, 50.0, false);
+    // -e: sleep on the completion channel instead of spinning on the CQ.
+    check_bw(
+        &["send_bw", "-n", "50", "-s", "1024", "-e"],
+        1024.0,
+        50.0,
+        false,
+    );
+    check_bw(&["read_bw", "-n", "50", "-s", "8192"], 8192.0, 50.0, false);
+    check_bw(&["atomic_bw", "-n", "50"], 8.0, 50.0, false);
+}
+
+#[test]
+fn latency_tests_over_udp() {
+    check_lat(&["write_lat", "-n", "20", "-s", "8"], 8.0, 20.0, false);
+    check_lat(&["send_lat", "-n", "20", "-s", "64"], 64.0, 20.0, false);
+    check_lat(
+        &["write_lat", "-n", "20", "-s", "8", "--spin-yield"],
+        8.0,
+        20.0,
+        false,
+    );
+    check_lat(&["read_lat", "-n", "20", "-s", "8"], 8.0, 20.0, false);
+    check_lat(&["atomic_lat", "-n", "20"], 8.0, 20.0, false);
+}
+
+#[test]
+fn baseline_adds_udp_and_ratio_columns() {
+    check_bw(
+        &["write_bw", "-n", "50", "-s", "65536", "--baseline"],
+        65536.0,
+        50.0,
+        true,
+    );
+    check_lat(
+        &["write_lat", "-n", "20", "-s", "8", "--baseline"],
+        8.0,
+        20.0,
+        true,
+    );
+    check_lat(
+        &[
+            "write_lat",
+            "-n",
+            "20",
+            "-s",
+            "8",
+            "--baseline",
+            "--busy-poll",
+        ],
+        8.0,
+        20.0,
+        true,
+    );
+}
+
+#[test]
+fn inproc_backend_and_all_sizes_with_json() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let json = dir.join(format!("perf-cli-{}.json", std::process::id()));
+    let out = perf(&[
+        "send_bw",
+        "--backend",
+        "inproc",
+        "-a",
+        "--max-size",
+        "64",
+        "-n",
+        "20",
+        "-q",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let (_, rows) = rows(&out);
+    let sizes: Vec<f64> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(sizes, [2.0, 4.0, 8.0, 16.0, 32.0, 64.0], "{}", out.dump());
+    // Two QPs: iterations count both.
+    assert!(rows.iter().all(|r| r[1] == 40.0), "{}", out.dump());
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["rows"].as_array().unwrap().len(), 6);
+    assert!(doc["rows"][0]["bw_average"].as_f64().unwrap() > 0.0);
+    let _ = std::fs::remove_file(&json);
+
+    check_lat(
+        &["write_lat", "--backend", "inproc", "-n", "20", "-s", "8"],
+        8.0,
+        20.0,
+        false,
+    );
+    check_lat(
+        &["atomic_lat", "--backend", "inproc", "-n", "20"],
+        8.0,
+        20.0,
+        false,
+    );
+}
+
+#[test]
+fn gbits_and_duration_modes() {
+    let out = perf(&["write_bw", "-n", "20", "-s", "1024", "--report_gbits"]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let (header, _) = rows(&out);
+    assert!(header[0].contains("BW average[Gb/sec]"), "{}", out.dump());
+
+    let out = perf(&["write_lat", "--backend", "inproc", "-D", "1", "-s", "8"]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let (header, rows) = rows(&out);
+    assert!(header[0].contains("tps average"), "{}", out.dump());
+    assert!(rows[0][1] > 0.0 && rows[0][2] > 0.0 && rows[0][3] > 0.0);
+}
+
+#[test]
+fn loss_still_completes() {
+    check_bw(
+        &[
+            "write_bw", "-n", "100", "-s", "4096", "--loss", "0.02", "-u", "8",
+        ],
+        4096.0,
+        100.0,
+        false,
+    );
+}
+
+#[test]
+fn scale_reports_memory_and_idle_cpu() {
+    for backend in ["inproc", "udp"] {
+        let out = perf(&["scale", "--qps", "50", "--backend", backend]);
+        assert_eq!(out.code, 0, "{}", out.dump());
+        assert!(out.stdout.contains("Memory per QP"), "{}", out.dump());
+        assert!(out.stdout.contains("Idle device"), "{}", out.dump());
+    }
+}
+
+#[test]
+fn sweep_loss_writes_svg() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let svg = dir.join(format!("perf-sweep-{}.svg", std::process::id()));
+    let out = perf(&[
+        "--sweep-loss",
+        "--backend",
+        "inproc",
+        "-s",
+        "1024",
+        "-n",
+        "50",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    assert!(out.stdout.contains("ratio to lossless"), "{}", out.dump());
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && text.contains("polyline"));
+    let _ = std::fs::remove_file(&svg);
+}
+
+#[test]
+fn bad_flags_exit_2_with_a_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["nonsense_bw"], "invalid value"),
+        (&["write_bw", "-n", "3"], "--iters"),
+        (&["write_bw", "-s", "0"], "--size"),
+        (&["write_bw", "-m", "1000"], "--mtu"),
+        (&["write_bw", "--loss", "1.5"], "--loss"),
+        (
+            &["write_bw", "--backend", "inproc", "--baseline"],
+            "--baseline",
+        ),
+        (&["atomic_bw", "-s", "64"], "atomics are 8 bytes"),
+        (&["write_bw", "-a", "-s", "8"], "--size"),
+        (&["write_bw", "--bogus"], "--bogus"),
+        (&["write_bw", "-D", "1", "-n", "10"], "--duration"),
+        (&[], "required"),
+    ];
+    for (args, needle) in cases {
+        let out = perf(args);
+        assert_eq!(out.code, 2, "{args:?}\n{}", out.dump());
+        assert!(
+            out.stderr.contains(needle),
+            "{args:?}: stderr lacks {needle:?}\n{}",
+            out.dump()
+        );
+        assert!(out.stdout.trim().is_empty(), "{args:?}\n{}", out.dump());
+    }
+}

@@ -80,6 +80,46 @@ fn fault_plan_corpus() {
 }
 
 #[test]
+fn responder_corpus() {
+    replay("responder", 10, targets::responder);
+}
+
+#[test]
+fn completer_corpus() {
+    replay("completer", 10, targets::completer);
+}
+
+#[test]
+fn verbs_ops_corpus() {
+    replay("verbs_ops", 5, targets::verbs_ops);
+}
+
+#[test]
+fn pair_corpus() {
+    replay("pair", 5, targets::pair);
+}
+
+#[test]
+fn engine_targets_accept_any_short_input() {
+    // The engine targets read an exhausted input as zeros, the ordinary choices: short inputs
+    // (the empty one included) must run without a panic, not only the committed seeds.
+    type Body = fn(&[u8]);
+    let bodies: [(&str, Body); 4] = [
+        ("responder", targets::responder),
+        ("completer", targets::completer),
+        ("verbs_ops", targets::verbs_ops),
+        ("pair", targets::pair),
+    ];
+    for (name, body) in bodies {
+        for len in 0..24 {
+            let data: Vec<u8> = (0..len).map(|i| (i * 37 + len) as u8).collect();
+            let outcome = panic::catch_unwind(AssertUnwindSafe(|| body(&data)));
+            assert!(outcome.is_ok(), "{name} panicked on {data:?}");
+        }
+    }
+}
+
+#[test]
 fn wire_decode_seeds_are_valid_packets() {
     // The seeds are well-formed packets with ICRCs for `CTX_V4`: one per RC opcode.
     let mut seen = Vec::new();

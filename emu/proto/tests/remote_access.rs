@@ -328,3 +328,111 @@ proptest! {
         }
     }
 }
+
+/// A WRITE packet from the fake peer at `psn`: FIRST (with its RETH) or MIDDLE.
+fn write_packet(qpn: u32, op: Opcode, psn: u32, reth: Option<RethRepr>, payload: &[u8]) -> Vec<u8> {
+    let bth = BthRepr {
+        opcode: op,
+        solicited: false,
+        mig_req: false,
+        pad_count: 0,
+        pkey: BthRepr::DEFAULT_PKEY,
+        fecn: false,
+        becn: false,
+        dest_qp: qpn,
+        ack_req: true,
+        psn: Psn::new(psn),
+    };
+    let repr = PacketRepr {
+        reth,
+        ..PacketRepr::new(bth, payload)
+    };
+    let ip = IpContext {
+        dst_port: 4791,
+        ..IpContext::v4(PEER, A, 0xC000)
+    };
+    let mut buf = vec![0u8; repr.buffer_len()];
+    repr.emit(&ip, &mut buf).unwrap();
+    buf
+}
+
+/// Found by the `responder` fuzz target (fuzz/corpus/responder/crash-write-after-dereg*.bin):
+/// WRITE_MIDDLE/LAST reused the key resolved on WRITE_FIRST after its MR was deregistered. The
+/// stale key's index is reused by a later registration (after 64 more frees), and drivers
+/// map memory by key index (emu-sim), so the payload went into another MR, without its
+/// rights. Now the continuation finds the MR gone: remote access NAK, QP in ERR, no access.
+#[test]
+fn write_continuation_after_deregistration_touches_no_memory() {
+    let mrs = [MrSpec {
+        len: 4096,
+        access: 7,
+        other_pd: false,
+    }];
+    let (mut hca, mut mem, infos, qpn, pd) = setup(&mrs);
+    let mr = infos[0];
+    let src = SocketAddr::new(PEER.into(), 0xC000);
+    let now = Instant::ZERO;
+    let mut out = vec![0u8; MAX_PACKET_LEN];
+    let mut drain = |hca: &mut Hca, mem: &Recording| {
+        let mut got = Vec::new();
+        while let Some(tx) = hca.poll_transmit(now, mem, &mut out) {
+            let repr = PacketRepr::parse(&Packet::new_unchecked(&out[..tx.len])).unwrap();
+            got.push((repr.bth.psn.value(), repr.aeth.map(|a| a.syndrome)));
+        }
+        got
+    };
+    let first = write_packet(
+        qpn,
+        Opcode::RdmaWriteFirst,
+        RQ_PSN,
+        Some(RethRepr {
+            va: mr.iova,
+            rkey: mr.rkey,
+            dma_len: 3 * 1024,
+        }),
+        // The path MTU is the default 1024: FIRST and MIDDLE carry exactly 1024 bytes.
+        &[0x11; 1024],
+    );
+    hca.handle_datagram(now, src, &first, &mem);
+    assert_eq!(
+        drain(&mut hca, &mem),
+        [(RQ_PSN, Some(Syndrome::ACK_UNLIMITED))]
+    );
+
+    // Deregister the target, then free enough indices that the next MR reuses its index (a
+    // local-write-only MR the peer may not write): the table reuses an index after 64 frees.
+    hca.dereg_mr(mr.lkey).unwrap();
+    mem.regions.remove(&mr.lkey);
+    for _ in 0..64 {
+        let tmp = hca
+            .reg_mr(pd, 0x7000_0000, 64, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        hca.dereg_mr(tmp.lkey).unwrap();
+    }
+    let reused = hca
+        .reg_mr(pd, mr.iova, 4096, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    assert_eq!(reused.lkey >> 8, mr.lkey >> 8, "index not reused");
+    assert_ne!(reused.lkey, mr.lkey);
+    mem.regions.insert(reused.lkey, vec![0; 4096]);
+    mem.log.borrow_mut().clear();
+
+    let middle = write_packet(
+        qpn,
+        Opcode::RdmaWriteMiddle,
+        RQ_PSN + 1,
+        None,
+        &[0x22; 1024],
+    );
+    hca.handle_datagram(now, src, &middle, &mem);
+    assert_eq!(
+        drain(&mut hca, &mem),
+        [(RQ_PSN + 1, Some(Syndrome::Nak(NakCode::RemoteAccessError)))]
+    );
+    assert!(
+        mem.log.borrow().is_empty(),
+        "memory accessed with a stale key: {:?}",
+        mem.log.borrow()
+    );
+    assert_eq!(hca.query_qp(qpn).unwrap().qp_state, QpState::Err);
+}

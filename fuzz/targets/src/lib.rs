@@ -1,16 +1,32 @@
 //! The bodies of the softverbs fuzz targets, as plain functions over arbitrary bytes.
 //!
-//! Two crates compile this file: the `softverbs-fuzz-targets` library, which the cargo-fuzz
-//! binaries in `fuzz/fuzz_targets/` call (nightly, `cfg(fuzzing)`), and the stable replay test
-//! `tests/tests/fuzz_corpus_replay.rs` of the root workspace, which includes it with `#[path]`
-//! and runs every file of `fuzz/corpus/<target>/` through it. Hence the rules for this file:
-//! depend on nothing but `std`, `emu-proto` and `emu-fault`; no `cfg(fuzzing)` (the root
-//! workspace does not declare that cfg); no `unwrap`/`expect` (root workspace lints).
+//! Two crates compile this file and its modules: the `softverbs-fuzz-targets` library, which
+//! the cargo-fuzz binaries in `fuzz/fuzz_targets/` call (nightly, `cfg(fuzzing)`), and the
+//! stable replay test `tests/tests/fuzz_corpus_replay.rs` of the root workspace, which includes
+//! it with `#[path]` and runs every file of `fuzz/corpus/<target>/` through it. Hence the rules
+//! for these files: depend on nothing but `std`, `verbs-api`, `emu-proto`, `emu-fault` and
+//! `emu-sim` (the replay test's crate has exactly these); no `cfg(fuzzing)` (the root workspace
+//! does not declare that cfg); no `unwrap`/`expect` (root workspace lints); every `pub` item is
+//! a target the replay test calls (anything else would be dead code there).
+//!
+//! Inputs are decoded by hand ([`common::Input`]: an exhausted input reads as zeros, and 0 is
+//! always the ordinary choice), so that short inputs mean plain, valid scenarios.
 //!
 //! Every function must return normally for *every* input; a panic is a finding. Besides "does
 //! not panic", each asserts the invariants listed in its doc.
 
 use core::net::{Ipv4Addr, Ipv6Addr};
+
+mod common;
+mod completer;
+mod pair;
+mod responder;
+mod verbs_ops;
+
+pub use completer::completer;
+pub use pair::pair;
+pub use responder::responder;
+pub use verbs_ops::verbs_ops;
 
 use emu_fault::{DatagramMeta, FaultPlan, HoldQueue, Injector, NodeId, Verdict};
 use emu_proto::Instant;

@@ -110,3 +110,42 @@ fn a_corrupted_target_byte_is_caught() {
         out.dump()
     );
 }
+
+#[test]
+fn a_run_that_overstays_its_timeout_is_stopped_and_reported() {
+    let out = run(
+        "hard-timeout",
+        &[
+            "--nodes",
+            "3",
+            "--workload",
+            "stream-write",
+            "--ops",
+            "1000000",
+            "--seed",
+            "6",
+            "--timeout",
+            "300ms",
+        ],
+        None,
+        LIMIT,
+    );
+    // The helper has already checked that no process of the run is left.
+    assert_eq!(out.code, 1, "{}", out.dump());
+    let report = out.report();
+    let errors = report["harness_errors"].as_array().unwrap();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.as_str().unwrap().contains("hard timeout")),
+        "{}",
+        out.dump()
+    );
+    for node in report["node_reports"].as_array().unwrap() {
+        assert_eq!(node["state"], "timed-out", "{node}");
+    }
+    assert!(num(&out.invariant("liveness")["violation_count"]) >= 3);
+    // What the nodes did before they were stopped still checks out.
+    assert_eq!(num(&out.invariant("write-data")["violation_count"]), 0);
+    assert!(num(&out.invariant("write-data")["checked"]) > 0);
+}

@@ -97,3 +97,46 @@ fn a_pause_shorter_than_the_retry_budget_passes_cleanly() {
         assert_eq!(completions.len(), 1, "only successes: {completions:?}");
     }
 }
+
+#[test]
+fn a_killed_node_restarts_with_a_fresh_device_and_the_run_goes_on() {
+    let plan = r#"
+[[process]]
+node = 2
+action = "kill"
+after_ops = 300
+
+[[process]]
+node = 2
+action = "restart"
+at = "500ms"
+"#;
+    let out = run(
+        "restart",
+        &[
+            "--nodes",
+            "3",
+            "--workload",
+            "mixed",
+            "--duration",
+            "1s",
+            "--seed",
+            "23",
+            "--timeout",
+            "30s",
+        ],
+        Some(plan),
+        LIMIT,
+    );
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let report = out.report();
+    for fault in report["process_faults"].as_array().unwrap() {
+        assert_eq!(fault["status"], "applied", "{fault}");
+    }
+    let node2 = &report["node_reports"][2];
+    assert_eq!(node2["state"], "killed");
+    assert_eq!(num(&node2["processes"]), 2, "{node2}");
+    // The restarted process mapped a new generation of node 2's files.
+    assert!(out.run_dir.join("node2.g1.mr").is_file());
+    assert_eq!(num(&out.invariant("dead-peer-detection")["checked"]), 2);
+}

@@ -91,6 +91,8 @@ pub struct NodeFacts {
     pub problems: Vec<String>,
     /// An `error` message it sent.
     pub error: Option<String>,
+    /// The harness killed it at the hard timeout (so its log may end in a cut line).
+    pub timed_out: bool,
 }
 
 /// Everything the checker needs.
@@ -252,7 +254,7 @@ pub fn check(ev: &Evidence) -> CheckResult {
                     integrity.fail(format!("node {i}: log line {line} does not parse"));
                 }
                 if log.truncated_tail {
-                    if f.killed_at.is_some() {
+                    if f.killed_at.is_some() || f.timed_out {
                         integrity.note(format!("node {i}: last log line cut by the kill"));
                     } else {
                         integrity.fail(format!("node {i}: log ends in a cut line"));

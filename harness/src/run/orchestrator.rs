@@ -835,6 +835,7 @@ impl Orchestrator {
                         .map(|s| s.problems.clone())
                         .unwrap_or_default(),
                     error: n.error.clone(),
+                    timed_out: n.timed_out,
                 }
             })
             .collect()

@@ -40,8 +40,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use verbs_api::{Error, ErrorKind, Result};
 
 use crate::fault::{FaultConfig, FaultStage, OutPacket};
-use crate::memory::DeviceMemory;
 use crate::socket::SocketInfo;
+use emu_sim::internals::NodeMemory as DeviceMemory;
 
 /// Datagrams received per loop iteration at most (the bound on work per wake-up).
 pub const RX_BATCH: usize = 64;

@@ -59,7 +59,6 @@
 
 mod engine;
 mod fault;
-mod memory;
 pub mod oob;
 mod provider;
 mod socket;

@@ -42,13 +42,24 @@ use emu_proto::{AtomicOp, Hca, Instant, MAX_PACKET_LEN, Memory, MemoryFault};
 
 use crate::region::Region;
 
-/// MR memory of one node, by key index (`lkey >> 8`).
+/// MR memory of one device, as the engine reaches it: MR key index (`lkey >> 8`) → region.
+/// Shared with the UDP driver (through `internals`), which keeps its regions the same way.
 #[derive(Debug, Default)]
-pub(crate) struct NodeMemory {
+pub struct NodeMemory {
     pub(crate) regions: HashMap<u32, Arc<Region>>,
 }
 
 impl NodeMemory {
+    /// Routes accesses with MR key `key` to `region`.
+    pub fn insert(&mut self, key: u32, region: Arc<Region>) {
+        self.regions.insert(key >> 8, region);
+    }
+
+    /// Stops routing MR key `key`.
+    pub fn remove(&mut self, key: u32) {
+        self.regions.remove(&(key >> 8));
+    }
+
     fn region(&self, key: u32, offset: u64) -> Result<(&Region, usize), MemoryFault> {
         let region = self.regions.get(&(key >> 8)).ok_or(MemoryFault)?;
         let offset = usize::try_from(offset).map_err(|_| MemoryFault)?;

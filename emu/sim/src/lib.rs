@@ -156,5 +156,6 @@ pub use seed::seed_from_env;
 #[doc(hidden)]
 pub mod internals {
     pub use crate::channel::ChannelShared;
+    pub use crate::fabric::NodeMemory;
     pub use crate::region::{OutOfBounds, Region};
 }

@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
+use emu_proto::wire::IpContext;
 use emu_proto::wire::fill_icrc;
-use emu_proto::wire::{IpAddrs, IpContext};
 use emu_proto::{ChannelId, Hca, HcaConfig, Instant, MAX_PACKET_LEN};
 use emu_sim::internals::ChannelShared;
 use mio::net::UdpSocket;
@@ -517,18 +517,9 @@ fn recycle(pool: &mut Vec<Vec<u8>>, buf: Vec<u8>) {
 /// the per-QP-pair source port of RoCEv2 (rc-transport.md §1.9), but a datagram sent from the
 /// device's one socket carries the socket's port, and the ICRC covers the UDP source port.
 fn refill_icrc(local: SocketAddr, p: &mut OutPacket) {
-    let addrs = match (local.ip(), p.dst.ip()) {
-        (std::net::IpAddr::V4(src), std::net::IpAddr::V4(dst)) => {
-            IpAddrs::V4 { src, dst, ident: 0 }
-        }
-        (std::net::IpAddr::V6(src), std::net::IpAddr::V6(dst)) => IpAddrs::V6 { src, dst },
-        // The engine cannot address another family; leave the packet as built.
-        _ => return,
-    };
-    let ip = IpContext {
-        addrs,
-        src_port: local.port(),
-        dst_port: p.dst.port(),
+    // The engine cannot address another family; then the packet stays as built.
+    let Some(ip) = IpContext::between(local, p.dst) else {
+        return;
     };
     // Fails only for a packet shorter than BTH + ICRC, which the engine never builds.
     let _ = fill_icrc(&ip, &mut p.bytes);

@@ -756,7 +756,11 @@ impl Hca {
             }
             if state == QpState::Err {
                 let cq = qp.send_cq;
-                self.complete(cq, flush_wc(qpn, wqe.wr_id, send_opcode(&wqe)), false);
+                self.complete(
+                    cq,
+                    flush_wc(qpn, wqe.wr_id, completer::wc_opcode(&wqe)),
+                    false,
+                );
             } else {
                 qp.sq.push_back(wqe);
                 self.mark_ready(qpn);
@@ -958,7 +962,7 @@ impl Hca {
     /// Device counters: packets no QP accepted plus the sum over live and destroyed QPs.
     pub fn stats(&self) -> Stats {
         let mut total = self.stats;
-        for i in 0..u32::try_from(self.qps_capacity()).unwrap_or(u32::MAX) {
+        for i in 0..u32::try_from(self.qps.capacity()).unwrap_or(u32::MAX) {
             if let Some(qp) = self.qps.get(i) {
                 total += qp.rc.stats;
             }
@@ -977,10 +981,6 @@ impl Hca {
     }
 
     // ---- internals -------------------------------------------------------------------------
-
-    fn qps_capacity(&self) -> usize {
-        self.qps.capacity()
-    }
 
     /// After the engine ran on `qpn`: enter ERR if it failed, push its completions, update its
     /// timer, and queue it for transmission if `requeue` (or to send a final NAK).
@@ -1128,7 +1128,11 @@ impl Hca {
         rq.extend(qp.rq.drain(..));
         let (scq, rcq, srq) = (qp.send_cq, qp.recv_cq, qp.srq);
         for wqe in sq {
-            if !self.complete(scq, flush_wc(qpn, wqe.wr_id, send_opcode(&wqe)), false) {
+            if !self.complete(
+                scq,
+                flush_wc(qpn, wqe.wr_id, completer::wc_opcode(&wqe)),
+                false,
+            ) {
                 break;
             }
         }
@@ -1181,10 +1185,6 @@ fn check_mr_access(access: AccessFlags) -> Result<()> {
 
 /// `IBV_ACCESS_OPTIONAL_RANGE`: bits 20..=29 may be ignored by a provider (§7.1).
 const OPTIONAL_ACCESS_RANGE: u32 = 0x3FF0_0000;
-
-fn send_opcode(wqe: &SendWqe) -> WcOpcode {
-    completer::wc_opcode(wqe)
-}
 
 fn flush_wc(qpn: u32, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
     WorkCompletion {

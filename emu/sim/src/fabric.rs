@@ -31,13 +31,13 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fs::File;
 use std::io::BufWriter;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use emu_capture::PcapSink;
 use emu_fault::{Counters, DatagramMeta, HoldQueue, Injector, NodeId, Verdict};
-use emu_proto::wire::{BTH_LEN, Bth, IpAddrs, IpContext, Opcode, Psn};
+use emu_proto::wire::{BTH_LEN, Bth, IpContext, Opcode, Psn};
 use emu_proto::{AtomicOp, Hca, Instant, MAX_PACKET_LEN, Memory, MemoryFault};
 
 use crate::region::Region;
@@ -500,15 +500,8 @@ impl Capture {
         let Some(sink) = self.sink.as_mut() else {
             return;
         };
-        let addrs = match (src.ip(), dst.ip()) {
-            (IpAddr::V4(src), IpAddr::V4(dst)) => IpAddrs::V4 { src, dst, ident: 0 },
-            (IpAddr::V6(src), IpAddr::V6(dst)) => IpAddrs::V6 { src, dst },
-            _ => return,
-        };
-        let ip = IpContext {
-            addrs,
-            src_port: src.port(),
-            dst_port: dst.port(),
+        let Some(ip) = IpContext::between(src, dst) else {
+            return;
         };
         if let Err(e) = sink.write_packet(at, &ip, bytes) {
             self.error.get_or_insert(e.to_string());

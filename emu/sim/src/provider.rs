@@ -739,7 +739,7 @@ impl SimContext {
             };
             let info = node.hca.reg_mr(pd.0.id, iova, len, access)?;
             node.next_iova = next;
-            node.mem.regions.insert(info.lkey >> 8, region.clone());
+            node.mem.insert(info.lkey, region.clone());
             Ok(info)
         })?;
         Ok(SimMr(Arc::new(MrInner {
@@ -999,7 +999,7 @@ struct MrInner {
     _pd: SimPd,
 }
 drop_destroys!(MrInner, |node, this| {
-    node.mem.regions.remove(&(this.info.lkey >> 8));
+    node.mem.remove(this.info.lkey);
     node.hca.dereg_mr(this.info.lkey)
 });
 
@@ -1065,7 +1065,7 @@ impl MemoryRegion for SimMr {
         let this = &self.0;
         this.ctx.with_live(&this.alive, "MR", |node, _| {
             node.hca.dereg_mr(this.info.lkey)?;
-            node.mem.regions.remove(&(this.info.lkey >> 8));
+            node.mem.remove(this.info.lkey);
             this.alive.store(false, Ordering::Release);
             Ok(())
         })

@@ -17,7 +17,7 @@
 //!
 //! This module does not parse IP or UDP headers and opens no sockets.
 
-use core::net::{Ipv4Addr, Ipv6Addr};
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::WireError;
 
@@ -85,6 +85,21 @@ impl IpContext {
             src_port,
             dst_port: ROCE_V2_UDP_PORT,
         }
+    }
+
+    /// The context of a datagram from `src` to `dst` (addresses and UDP ports), IPv4
+    /// identification 0; `None` if the two are of different IP versions.
+    pub fn between(src: SocketAddr, dst: SocketAddr) -> Option<IpContext> {
+        let addrs = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => IpAddrs::V4 { src, dst, ident: 0 },
+            (IpAddr::V6(src), IpAddr::V6(dst)) => IpAddrs::V6 { src, dst },
+            _ => return None,
+        };
+        Some(IpContext {
+            addrs,
+            src_port: src.port(),
+            dst_port: dst.port(),
+        })
     }
 
     /// Length of the IP + UDP headers: 28 (IPv4) or 48 (IPv6).

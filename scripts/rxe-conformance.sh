@@ -69,6 +69,17 @@ if [ "$USE_VM" = 1 ]; then
   trap 'rm -f "$guest_script"' EXIT
   cat >"$guest_script" <<'EOF'
 cd /root
+# Readiness: rxe0 is ACTIVE when the guest script starts, but on a loaded host its first
+# modify_qp(RTR) can still fail with ENETUNREACH for a few seconds (the route to the GID's
+# address is not resolvable yet). Wait until one RC connection works (at most 30 tries), so
+# that the suite measures rxe, not boot timing.
+i=0
+until ./hw-conformance --exact rdma::write_small --test-threads=1 >/root/probe.txt 2>&1; do
+  i=$((i+1))
+  if [ $i -ge 30 ]; then echo "@@PROBE gave up after $i tries"; tail -5 /root/probe.txt; break; fi
+  sleep 1
+done
+echo "@@PROBE ready after $i failed tries (uptime $(cut -d' ' -f1 /proc/uptime)s)"
 ./hw-conformance --test-threads=1 --logfile /root/cases.txt >/root/stdout.txt 2>/root/stderr.txt
 rc=$?
 cat /root/stdout.txt
@@ -84,6 +95,7 @@ EOF
   vm_rc=$?
   set -e
   say "rxe-vm exit $vm_rc ($(tail -1 "$OUT/rxe-vm.stderr"))"
+  grep -a '@@PROBE' "$OUT/rxe.log" | tr -d '\r' | sed 's/^@@PROBE /rxe-conformance: guest /' >&2 || true
 fi
 [ -s "$OUT/rxe.log" ] || { say "no guest log at $OUT/rxe.log"; exit 1; }
 

@@ -243,17 +243,17 @@ impl Injector {
             Verdict::Hold { until } => (6, until.map_or(u64::MAX, Instant::as_nanos), 0),
         };
         self.trace
-            .u64(now.as_nanos())
-            .u64(meta.src.0.into())
-            .u64(meta.dst.0.into())
-            .u64(meta.dest_qpn.into())
-            .u64(u8::from(meta.opcode).into())
-            .u64(meta.psn.value().into())
-            .u64(meta.aeth_syndrome.map_or(0x100, u64::from))
-            .u64(meta.len as u64)
-            .u64(tag)
-            .u64(a)
-            .u64(b);
+            .word(now.as_nanos())
+            .word(meta.src.0.into())
+            .word(meta.dst.0.into())
+            .word(meta.dest_qpn.into())
+            .word(u8::from(meta.opcode).into())
+            .word(meta.psn.value().into())
+            .word(meta.aeth_syndrome.map_or(0x100, u64::from))
+            .word(meta.len as u64)
+            .word(tag)
+            .word(a)
+            .word(b);
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use emu_driver::oob::RemoteMr;
 use emu_fault::FaultPlan;
+use emu_proto::Stats;
 use verbs_api::{
     AccessFlags, CompletionChannel, CompletionQueue, Context, Endpoint, ErrorKind, MemoryRegion,
     Mtu, QpCap, QpInitAttr, QueuePair, RcConnectOptions, RecvWr, SendFlags, SendOp, SendWr, Sge,
@@ -37,6 +38,23 @@ pub(crate) trait Backend: Context {
     fn set_loss(&self, loss: f64, seed: u64) -> Result<(), PerfError>;
     /// Busy-poll on or off (UDP devices only).
     fn set_busy(&self, on: bool);
+    /// This side's device counters (retransmits, timeouts, NAKs), to explain a row.
+    fn transport_stats(&self) -> Result<Stats, PerfError>;
+}
+
+/// What the transport did during one run (the client side's counters, after − before): why a
+/// lossy run is slower than a lossless one.
+fn transport_json(before: &Stats, after: &Stats) -> serde_json::Value {
+    let d = |f: fn(&Stats) -> u64| f(after).saturating_sub(f(before));
+    serde_json::json!({
+        "sent_pkts": d(|s| s.sent_pkts),
+        "retransmits_nak": d(|s| s.retransmits_nak),
+        "retransmits_timeout": d(|s| s.retransmits_timeout),
+        "timeout_retries": d(|s| s.timeout_retries),
+        "rcvd_seq_err": d(|s| s.rcvd_seq_err),
+        "rcvd_rnr_err": d(|s| s.rcvd_rnr_err),
+        "duplicate_response": d(|s| s.duplicate_response),
+    })
 }
 
 fn plan(loss: f64, seed: u64) -> FaultPlan {
@@ -59,6 +77,10 @@ impl Backend for emu_driver::UdpContext {
             self.set_busy_poll(on);
         }
     }
+
+    fn transport_stats(&self) -> Result<Stats, PerfError> {
+        Ok(self.device_stats())
+    }
 }
 
 impl Backend for emu_sim::SimContext {
@@ -71,6 +93,10 @@ impl Backend for emu_sim::SimContext {
     }
 
     fn set_busy(&self, _on: bool) {}
+
+    fn transport_stats(&self) -> Result<Stats, PerfError> {
+        Ok(self.device_stats()?)
+    }
 }
 
 /// Endpoints and buffers of both sides, for the header block.
@@ -316,7 +342,8 @@ pub(crate) fn client<C: Backend>(
     out.header(cfg, &side.info);
     for (i, run) in cfg.runs.iter().enumerate() {
         prepare(ctl, ctx, &side, cfg, run, i)?;
-        let row = if cfg.test.is_bw() {
+        let before = ctx.transport_stats()?;
+        let mut row = if cfg.test.is_bw() {
             let r = bw_client(&side, cfg, run.size)?;
             ctl.sync(&format!("end {i}"))?;
             ctx.set_loss(0.0, cfg.seed)?;
@@ -339,6 +366,14 @@ pub(crate) fn client<C: Backend>(
             };
             lat_output(out, cfg, run, r, base)
         };
+        let transport = transport_json(&before, &ctx.transport_stats()?);
+        if run.loss > 0.0 {
+            // stderr: stdout keeps perftest's table shape for scripts that parse it.
+            eprintln!("transport counters of this side, {} B run: {transport}", run.size);
+        }
+        if let Some(obj) = row.as_object_mut() {
+            obj.insert("transport".into(), transport);
+        }
         out.rows.push(row);
     }
     ctl.sync("bye")?;

@@ -369,7 +369,10 @@ pub(crate) fn client<C: Backend>(
         let transport = transport_json(&before, &ctx.transport_stats()?);
         if run.loss > 0.0 {
             // stderr: stdout keeps perftest's table shape for scripts that parse it.
-            eprintln!("transport counters of this side, {} B run: {transport}", run.size);
+            eprintln!(
+                "transport counters of this side, {} B run: {transport}",
+                run.size
+            );
         }
         if let Some(obj) = row.as_object_mut() {
             obj.insert("transport".into(), transport);

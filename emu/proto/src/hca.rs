@@ -1007,12 +1007,27 @@ impl Hca {
         self.sync_timer(qpn);
     }
 
+    /// Posts the completions the engine produced. A receive completion that overruns its CQ
+    /// moves its QP to ERR (the responder cannot report the message it accepted; rxe's
+    /// `RESPST_ERR_CQ_OVERFLOW`, rc-transport.md §4.3 class G) on top of the CQ's `CQ_ERR`.
     fn flush_engine_wcs(&mut self) {
         let mut wcs = std::mem::take(&mut self.wcs);
+        let mut overrun: Vec<u32> = Vec::new();
         for (cq, wc, solicited) in wcs.drain(..) {
-            self.complete(cq, wc, solicited);
+            let receive = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+            if !self.complete(cq, wc, solicited) && receive && wc.status == WcStatus::Success {
+                overrun.push(wc.qp_num);
+            }
         }
         self.wcs = wcs;
+        for qpn in overrun {
+            let live = self
+                .qp(qpn)
+                .is_ok_and(|qp| !matches!(qp.state(), QpState::Err | QpState::Reset));
+            if live {
+                self.enter_err(qpn);
+            }
+        }
     }
 
     fn mark_ready(&mut self, qpn: u32) {

@@ -2452,3 +2452,48 @@ fn device_stats_include_destroyed_qps_and_destroy_clears_timers() {
     assert_eq!(p.a.hca.stats(), before);
     assert_eq!(p.a.hca.poll_timeout(), None);
 }
+
+/// A receive completion that overruns the responder's CQ: `CQ_ERR` for the CQ, and the
+/// responder's QP enters ERR (rc-transport.md §4.3 class G, rxe's RESPST_ERR_CQ_OVERFLOW), so
+/// its peer sees silence and ends in RETRY_EXC_ERR instead of believing a lost receive worked.
+#[test]
+fn recv_cq_overrun_moves_responder_qp_to_err() {
+    let mut p = Pair::with(Opts {
+        recv_cq_depth: 1,
+        retry_cnt: 1,
+        ..Opts::default()
+    });
+    for id in 0..3 {
+        let r = p.b.at(id * 64, 64);
+        p.b.post_recv(10 + id, &[r]);
+    }
+    let s = p.a.at(0, 8);
+    p.post_a(&[
+        SendWr::new(1, SendOp::Send, &[s]),
+        SendWr::new(2, SendOp::Send, &[s]),
+        SendWr::new(3, SendOp::Send, &[s]),
+    ]);
+    assert!(p.run_until_idle());
+    let events = p.b.events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == AsyncEventKind::CqErr && e.element == EventElement::Cq(p.b.rcq.0)),
+        "CQ_ERR for the overrun CQ: {events:?}"
+    );
+    assert_eq!(p.b.state(), QpState::Err, "the responder QP is in ERR");
+    // The one completion that fit is intact.
+    assert_eq!(
+        brief(&p.b.recv_wcs()),
+        [(10, WcStatus::Success, WcOpcode::Recv, 8)]
+    );
+    // The requester: the first SEND was ACKed before the overrun; the rest end in
+    // RETRY_EXC_ERR against the silent peer, then flush.
+    let a = statuses(&p.a.send_wcs());
+    assert_eq!(a.first(), Some(&(1, WcStatus::Success)), "{a:?}");
+    assert!(
+        a.iter().any(|(_, s)| *s == WcStatus::RetryExcErr),
+        "requester sees the error: {a:?}"
+    );
+    assert_eq!(p.a.state(), QpState::Err);
+}

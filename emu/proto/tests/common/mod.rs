@@ -125,6 +125,8 @@ pub(crate) struct Opts {
     pub(crate) b_psn: u32,
     pub(crate) cap: QpCap,
     pub(crate) sq_sig_all: bool,
+    /// Capacity of each node's receive CQ.
+    pub(crate) recv_cq_depth: u32,
 }
 
 impl Default for Opts {
@@ -149,6 +151,7 @@ impl Default for Opts {
                 max_inline_data: 256,
             },
             sq_sig_all: false,
+            recv_cq_depth: 1024,
         }
     }
 }
@@ -187,7 +190,7 @@ impl Node {
         let mut hca = Hca::new(HcaConfig::new(name, Gid::from_ip(ip.into()), seed));
         let pd = hca.alloc_pd().unwrap();
         let scq = hca.create_cq(1024, None).unwrap();
-        let rcq = hca.create_cq(1024, None).unwrap();
+        let rcq = hca.create_cq(opts.recv_cq_depth, None).unwrap();
         let init = QpInitAttr {
             sq_sig_all: opts.sq_sig_all,
             ..QpInitAttr::rc(opts.cap)

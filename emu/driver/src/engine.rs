@@ -4,27 +4,34 @@
 //! Application threads lock [`Core`] briefly to run a verbs command on the HCA, then ring the
 //! doorbell (a [`mio::Waker`]) if the thread is parked. The thread loops:
 //!
-//! 1. receive up to [`RX_BATCH`] datagrams (nonblocking `recv_from` until `WouldBlock`);
-//! 2. with the lock held: feed them to [`Hca::handle_datagram`], fire due timers, pull up to
+//! 1. receive up to [`RX_BATCH`] datagrams: `recvmmsg` through `quinn-udp` (up to
+//!    [`quinn_udp::BATCH_SIZE`] buffers per call) until `WouldBlock`; with `UDP_GRO` a buffer
+//!    may hold several datagrams of one flow, split at the segment size the kernel reports;
+//! 2. without the device lock: pass each received datagram through the receive-side fault
+//!    stage (datagrams it passes unchanged stay in the receive buffer; the others are copied
+//!    into pooled buffers, delayed, held or duplicated);
+//! 3. with the lock held: feed them to [`Hca::handle_datagram`], fire due timers, pull up to
 //!    [`TX_BATCH`] packets from [`Hca::poll_transmit`], deliver channel notifications and async
 //!    events, read the next timer deadline;
-//! 3. without the lock: rewrite each packet's ICRC for the socket's real source port, pass it
-//!    through the fault stage, and `send_to` (on `WouldBlock` the packet stays queued, the socket
-//!    is armed for writability and no new packet is pulled until it drains);
-//! 4. wait in [`Poll::poll`] until a datagram, the doorbell, writability or the next deadline
-//!    (engine timer or delayed datagram) — or not at all if a batch limit left work behind, or
-//!    in busy-poll mode.
+//! 4. without the lock: rewrite each packet's ICRC for the socket's real source port, pass it
+//!    through the send-side fault stage, and write it: with GSO on, each run of datagrams to
+//!    one destination of equal size (the last may be shorter) goes out in one `sendmsg` with
+//!    `UDP_SEGMENT`, otherwise one `send_to` per datagram (on `WouldBlock` the packets stay
+//!    queued, the socket is armed for writability and no new packet is pulled until it
+//!    drains; a GSO send the kernel refuses with `EIO`/`EINVAL` turns GSO off for the socket
+//!    and its datagrams go out one by one);
+//! 5. wait in [`Poll::poll`] until a datagram, the doorbell, writability or the next deadline
+//!    (engine timer or delayed datagram of either direction) — or not at all if a batch limit
+//!    left work behind, or in busy-poll mode.
 //!
-//! Batching hook: steps 1 and 3 are where GSO/GRO (`UDP_SEGMENT`, `UDP_GRO`) or
-//! `sendmmsg`/`recvmmsg` plug in later (the perf issue): the receive loop fills `rx` buffers
-//! and the send loop drains `out`, so a batched implementation replaces only those two
-//! functions.
+//! Packet buffers come from a pool and keep their full length while in use (a datagram's
+//! length is carried next to its buffer), so no buffer is cleared or resized per packet.
 //!
 //! Datagrams addressed to the device itself skip the socket (rxe's loopback) and are fed back
-//! on the next iteration.
+//! on the next iteration; the receive-side fault stage does not see them.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::ErrorKind as IoKind;
+use std::io::{ErrorKind as IoKind, IoSliceMut};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,25 +40,37 @@ use std::time::{Duration, Instant as StdInstant};
 
 use emu_proto::wire::IpContext;
 use emu_proto::wire::fill_icrc;
-use emu_proto::{ChannelId, Hca, HcaConfig, Instant, MAX_PACKET_LEN};
+use emu_proto::{ChannelId, Hca, HcaConfig, Instant};
 use emu_sim::internals::ChannelShared;
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll, Token, Waker};
+use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 use verbs_api::{Error, ErrorKind, Result};
 
-use crate::fault::{FaultConfig, FaultStage, OutPacket};
-use crate::socket::SocketInfo;
+use crate::capture::Capture;
+use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool, passes};
+use crate::socket::{Bound, SocketInfo};
 use emu_sim::internals::NodeMemory as DeviceMemory;
 
-/// Datagrams received per loop iteration at most (the bound on work per wake-up).
+/// Datagrams received per loop iteration at most (the bound on work per wake-up). Each receive
+/// call asks for at most as many buffers as datagrams are still missing, so without UDP GRO
+/// the bound is exact; with GRO a buffer may hold a batch of up to 64 datagrams of one flow
+/// (64 KiB), never split, and the last call may read that many more.
 pub const RX_BATCH: usize = 64;
 /// Packets pulled from the engine per loop iteration at most.
 pub const TX_BATCH: usize = 64;
-/// Receive buffer per datagram: larger than any packet the engine builds, so a longer datagram
-/// arrives truncated and fails its ICRC check.
+/// Receive buffer per datagram without GRO: larger than any packet the engine builds, so a
+/// longer datagram arrives truncated and fails its ICRC check.
 const RX_BUF_LEN: usize = 16 * 1024;
-/// Spare packet buffers kept for reuse.
-const POOL_MAX: usize = 4 * TX_BATCH;
+/// Receive buffer with GRO: room for the largest UDP datagram, which bounds a GRO batch too.
+const RX_BUF_LEN_GRO: usize = 64 * 1024;
+/// Receive buffers: one per datagram of a batch without GRO.
+const RX_BUFS: usize = RX_BATCH;
+/// The most UDP payload one GSO send may carry (an IPv4 datagram's limit; IPv6 allows a little
+/// more, unused).
+const GSO_MAX_BYTES: usize = 65_507;
+/// The most segments one GSO send may carry (Linux's `UDP_MAX_SEGMENTS` of older kernels).
+const GSO_MAX_SEGMENTS: usize = 64;
 
 const SOCKET: Token = Token(0);
 const DOORBELL: Token = Token(1);
@@ -62,7 +81,7 @@ const DOORBELL: Token = Token(1);
 pub struct DriverStats {
     /// Iterations of the progress loop (each wake-up counts one).
     pub wakeups: u64,
-    /// Datagrams read from the socket.
+    /// Datagrams read from the socket (each datagram of a GRO buffer counts).
     pub datagrams_received: u64,
     /// Bytes read from the socket.
     pub bytes_received: u64,
@@ -72,12 +91,29 @@ pub struct DriverStats {
     pub bytes_sent: u64,
     /// Datagrams the device sent to itself without the socket.
     pub loopback: u64,
-    /// `send_to` calls that found the socket buffer full (the packet was kept and retried).
+    /// Send calls that found the socket buffer full (the packets were kept and retried).
     pub send_would_block: u64,
-    /// `send_to` calls that failed otherwise (the packet was lost; the transport retries).
+    /// Send calls that failed otherwise (the packets were lost; the transport retries). A GSO
+    /// send the kernel refused is counted in [`gso_refused`](Self::gso_refused) instead.
     pub send_errors: u64,
-    /// `recv_from` or `poll` calls that failed other than `WouldBlock`/`EINTR`.
+    /// Receive or `poll` calls that failed other than `WouldBlock`/`EINTR`.
     pub recv_errors: u64,
+    /// Datagrams this device wrote to a pcap capture (see [`crate::UdpBuilder::capture`]).
+    pub captured: u64,
+    /// Send system calls made (`sendmsg`/`sendto`, each carrying one datagram or a GSO run;
+    /// those that would block or failed count too).
+    pub send_syscalls: u64,
+    /// Receive system calls made (`recvmmsg`/`recvfrom`; the one that finds the socket empty
+    /// counts too).
+    pub recv_syscalls: u64,
+    /// Sends that carried more than one datagram (UDP GSO).
+    pub gso_sends: u64,
+    /// GSO sends the kernel refused (`EIO`/`EINVAL`, e.g. a device without segmentation
+    /// offload): the first one turns GSO off for the socket, and the datagrams of each are
+    /// sent again one by one.
+    pub gso_refused: u64,
+    /// Receive buffers that held more than one datagram (UDP GRO).
+    pub gro_receives: u64,
 }
 
 #[derive(Debug, Default)]
@@ -91,6 +127,12 @@ struct AtomicStats {
     send_would_block: AtomicU64,
     send_errors: AtomicU64,
     recv_errors: AtomicU64,
+    captured: AtomicU64,
+    send_syscalls: AtomicU64,
+    recv_syscalls: AtomicU64,
+    gso_sends: AtomicU64,
+    gso_refused: AtomicU64,
+    gro_receives: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
@@ -142,12 +184,18 @@ pub(crate) struct Core {
     state: Mutex<DevState>,
     waker: Waker,
     epoch: StdInstant,
-    pub(crate) info: SocketInfo,
+    info: SocketInfo,
+    /// GSO in use (starts as `info.gso_enabled`; cleared when the kernel refuses a GSO send).
+    gso_active: AtomicBool,
     stop: AtomicBool,
     busy: AtomicBool,
     release_held: AtomicBool,
     stats: AtomicStats,
     faults: Mutex<FaultConfig>,
+    /// The pcap capture the device writes to, and a counter bumped on every change (the
+    /// progress thread re-reads the capture only when it moved).
+    capture: Mutex<Option<Arc<Capture>>>,
+    capture_gen: AtomicU64,
 }
 
 impl Core {
@@ -155,7 +203,7 @@ impl Core {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The fault configuration (plan and node numbers).
+    /// The fault configuration (plans and node numbers).
     pub(crate) fn faults(&self) -> MutexGuard<'_, FaultConfig> {
         self.faults.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -199,9 +247,37 @@ impl Core {
         self.busy.load(Ordering::Acquire)
     }
 
+    /// Makes the thread deliver every held datagram of both directions on its next iteration.
     pub(crate) fn release_held(&self) {
         self.release_held.store(true, Ordering::Release);
         self.ring();
+    }
+
+    /// The capture the device writes to.
+    pub(crate) fn capture(&self) -> Option<Arc<Capture>> {
+        self.capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the capture the device writes to; returns the previous one.
+    pub(crate) fn set_capture(&self, capture: Option<Arc<Capture>>) -> Option<Arc<Capture>> {
+        let old = std::mem::replace(
+            &mut *self.capture.lock().unwrap_or_else(|p| p.into_inner()),
+            capture,
+        );
+        self.capture_gen.fetch_add(1, Ordering::AcqRel);
+        self.ring();
+        old
+    }
+
+    /// What the kernel granted the socket, with the current GSO state.
+    pub(crate) fn socket_info(&self) -> SocketInfo {
+        SocketInfo {
+            gso_enabled: self.gso_active.load(Ordering::Acquire),
+            ..self.info
+        }
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
@@ -221,6 +297,12 @@ impl Core {
             send_would_block: get(&s.send_would_block),
             send_errors: get(&s.send_errors),
             recv_errors: get(&s.recv_errors),
+            captured: get(&s.captured),
+            send_syscalls: get(&s.send_syscalls),
+            recv_syscalls: get(&s.recv_syscalls),
+            gso_sends: get(&s.gso_sends),
+            gso_refused: get(&s.gso_refused),
+            gro_receives: get(&s.gro_receives),
         }
     }
 }
@@ -236,12 +318,17 @@ pub(crate) struct Engine {
 impl Engine {
     /// Starts the progress thread of a device whose socket is already bound.
     pub(crate) fn start(
-        mut socket: UdpSocket,
-        info: SocketInfo,
+        bound: Bound,
         config: HcaConfig,
         faults: FaultConfig,
+        capture: Option<Arc<Capture>>,
         busy_poll: bool,
     ) -> Result<Engine> {
+        let Bound {
+            mut socket,
+            state,
+            info,
+        } = bound;
         let name = config.name.clone();
         let io = |what: &str, e: std::io::Error| {
             Error::new(ErrorKind::Io, format!("{name}: {what}: {e}"))
@@ -264,11 +351,14 @@ impl Engine {
             waker,
             epoch: StdInstant::now(),
             info,
+            gso_active: AtomicBool::new(info.gso_enabled),
             stop: AtomicBool::new(false),
             busy: AtomicBool::new(busy_poll),
             release_held: AtomicBool::new(false),
             stats: AtomicStats::default(),
             faults: Mutex::new(faults),
+            capture: Mutex::new(capture),
+            capture_gen: AtomicU64::new(1),
         });
         let progress = Progress {
             core: core.clone(),
@@ -276,14 +366,37 @@ impl Engine {
             events: Events::with_capacity(8),
             local: info.local_addr,
             socket,
-            rx: (0..RX_BATCH).map(|_| vec![0; RX_BUF_LEN]).collect(),
+            gso: info.gso_enabled,
+            gso_segments: info.gso_segments.clamp(1, GSO_MAX_SEGMENTS),
+            gso_buf: Vec::new(),
+            state,
+            rx_buf_len: if info.gro_enabled {
+                RX_BUF_LEN_GRO
+            } else {
+                RX_BUF_LEN
+            },
+            // Zeroed memory is mapped lazily: untouched buffer pages cost nothing.
+            rx: vec![
+                0;
+                RX_BUFS
+                    * if info.gro_enabled {
+                        RX_BUF_LEN_GRO
+                    } else {
+                        RX_BUF_LEN
+                    }
+            ],
             rx_meta: Vec::with_capacity(RX_BATCH),
+            feed: Vec::with_capacity(RX_BATCH),
+            rx_owned: VecDeque::new(),
             staged: Vec::with_capacity(TX_BATCH),
             out: VecDeque::new(),
             self_rx: VecDeque::new(),
-            pool: Vec::new(),
-            stage: FaultStage::default(),
+            pool: Pool::default(),
+            tx_stage: FaultStage::default(),
+            rx_stage: FaultStage::default(),
             writable_armed: false,
+            capture: None,
+            capture_gen: 0,
         };
         let thread = std::thread::Builder::new()
             .name(format!("softverbs-{name}"))
@@ -314,35 +427,102 @@ impl Drop for Engine {
     }
 }
 
+/// One buffer's worth of received bytes: `len` bytes at `start` in the receive area, from
+/// `src`, datagrams of `stride` bytes each (the last may be shorter; `stride == len` without
+/// GRO).
+#[derive(Copy, Clone, Debug)]
+struct RxMeta {
+    start: usize,
+    len: usize,
+    stride: usize,
+    src: SocketAddr,
+}
+
+impl RxMeta {
+    /// The datagrams of the buffer, as (start, len) in the receive area; an empty datagram
+    /// is one datagram too.
+    fn segments(&self) -> impl Iterator<Item = (usize, usize)> {
+        let (start, len, stride) = (self.start, self.len, self.stride.max(1));
+        (0..len.max(1))
+            .step_by(stride)
+            .map(move |off| (start + off, stride.min(len - off)))
+    }
+}
+
+/// A received datagram on its way to the engine.
+#[derive(Debug)]
+enum Feed {
+    /// Still in the receive area (the fault stage passed it unchanged).
+    Slice {
+        start: usize,
+        len: usize,
+        src: SocketAddr,
+    },
+    /// Copied out by the fault stage (a duplicate, an edit, or a delayed or held datagram
+    /// that is now due).
+    Owned(Datagram),
+}
+
+/// A packet pulled from the engine, with the UDP source port its ICRC was computed for.
+#[derive(Debug)]
+struct Staged {
+    packet: Datagram,
+    src_port: u16,
+}
+
 /// The progress thread's own state.
 struct Progress {
     core: Arc<Core>,
     poll: Poll,
     events: Events,
     socket: UdpSocket,
+    /// Batched I/O (`recvmmsg`, GSO); `None` falls back to `recv_from`/`send_to`.
+    state: Option<UdpSocketState>,
+    /// Coalesce runs into GSO sends.
+    gso: bool,
+    /// Datagrams per GSO send at most.
+    gso_segments: usize,
+    /// A GSO run, copied together.
+    gso_buf: Vec<u8>,
     local: SocketAddr,
-    /// Receive buffers, one per datagram of a batch.
-    rx: Vec<Vec<u8>>,
-    /// Length and source of each received datagram of the current batch.
-    rx_meta: Vec<(usize, SocketAddr)>,
+    /// The receive area: [`RX_BUFS`] buffers of `rx_buf_len` bytes.
+    rx: Vec<u8>,
+    rx_buf_len: usize,
+    /// What each filled receive buffer of the current batch holds.
+    rx_meta: Vec<RxMeta>,
+    /// Received datagrams to hand to the engine this iteration, in order.
+    feed: Vec<Feed>,
+    /// Scratch queue of the receive-side fault stage.
+    rx_owned: VecDeque<Datagram>,
     /// Packets pulled from the engine in this iteration, before the fault stage.
-    staged: Vec<OutPacket>,
+    staged: Vec<Staged>,
     /// Packets to write to the socket, in order.
-    out: VecDeque<OutPacket>,
+    out: VecDeque<Datagram>,
     /// Packets the device sent to itself, fed back next iteration.
-    self_rx: VecDeque<OutPacket>,
-    pool: Vec<Vec<u8>>,
-    stage: FaultStage,
+    self_rx: VecDeque<Datagram>,
+    pool: Pool,
+    tx_stage: FaultStage,
+    rx_stage: FaultStage,
     writable_armed: bool,
+    /// The device's capture as last read from [`Core`], and the generation read.
+    capture: Option<Arc<Capture>>,
+    capture_gen: u64,
 }
 
 impl Progress {
     fn run(mut self) {
         while !self.core.is_stopped() {
             bump(&self.core.stats.wakeups, 1);
+            let generation = self.core.capture_gen.load(Ordering::Acquire);
+            if generation != self.capture_gen {
+                self.capture_gen = generation;
+                self.capture = self.core.capture();
+            }
+            let release = self.core.release_held.swap(false, Ordering::AcqRel);
             let rx_more = self.receive();
+            self.ingest(clock(self.core.epoch), release);
             let (tx_more, now, deadline) = self.step();
-            self.send(now);
+            self.send(now, release);
             if self.core.busy_poll() {
                 std::hint::spin_loop();
                 continue;
@@ -353,7 +533,8 @@ impl Progress {
             } else {
                 deadline
                     .into_iter()
-                    .chain(self.stage.next_due())
+                    .chain(self.tx_stage.next_due())
+                    .chain(self.rx_stage.next_due())
                     .min()
                     .map(|at| at.saturating_duration_since(clock(self.core.epoch)))
             };
@@ -369,28 +550,136 @@ impl Progress {
         }
     }
 
-    /// Reads up to [`RX_BATCH`] datagrams; true if the batch filled (more may be waiting).
+    /// Reads up to [`RX_BATCH`] datagrams, or [`RX_BATCH`] receive buffers with GRO batches
+    /// in them (never split); true if the batch filled (more may be waiting).
     fn receive(&mut self) -> bool {
         self.rx_meta.clear();
-        while self.rx_meta.len() < RX_BATCH {
-            let Some(buf) = self.rx.get_mut(self.rx_meta.len()) else {
+        let stats = &self.core.stats;
+        let buf_len = self.rx_buf_len;
+        let mut datagrams = 0;
+        while datagrams < RX_BATCH && self.rx_meta.len() < RX_BUFS {
+            let used = self.rx_meta.len();
+            let Some(free) = self.rx.get_mut(used * buf_len..) else {
                 break;
             };
-            match self.socket.recv_from(buf) {
-                Ok((len, src)) => {
-                    bump(&self.core.stats.datagrams_received, 1);
-                    bump(&self.core.stats.bytes_received, len as u64);
-                    self.rx_meta.push((len, src));
+            bump(&stats.recv_syscalls, 1);
+            let Some(state) = &self.state else {
+                // Fallback: one datagram per call.
+                let Some(buf) = free.get_mut(..buf_len) else {
+                    break;
+                };
+                match self.socket.recv_from(buf) {
+                    Ok((len, src)) => {
+                        self.rx_meta.push(RxMeta {
+                            start: used * buf_len,
+                            len,
+                            stride: len,
+                            src,
+                        });
+                        datagrams += 1;
+                        bump(&stats.datagrams_received, 1);
+                        bump(&stats.bytes_received, len as u64);
+                        continue;
+                    }
+                    Err(e) if e.kind() == IoKind::WouldBlock => return false,
+                    Err(e) if e.kind() == IoKind::Interrupted => continue,
+                    Err(_) => {
+                        bump(&stats.recv_errors, 1);
+                        return false;
+                    }
+                }
+            };
+            let mut chunks = free.chunks_exact_mut(buf_len);
+            let mut iovs: [IoSliceMut<'_>; quinn_udp::BATCH_SIZE] =
+                std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
+            // Without GRO one buffer is one datagram: never ask for more than the batch needs.
+            let count = (RX_BUFS - used)
+                .min(RX_BATCH - datagrams)
+                .min(quinn_udp::BATCH_SIZE);
+            let mut metas = [RecvMeta::default(); quinn_udp::BATCH_SIZE];
+            let (Some(iovs), Some(metas_out)) = (iovs.get_mut(..count), metas.get_mut(..count))
+            else {
+                break;
+            };
+            match state.recv((&self.socket).into(), iovs, metas_out) {
+                Ok(n) => {
+                    for (i, m) in metas_out.iter().take(n).enumerate() {
+                        let meta = RxMeta {
+                            start: (used + i) * buf_len,
+                            len: m.len.min(buf_len),
+                            stride: if m.stride == 0 { m.len } else { m.stride },
+                            src: m.addr,
+                        };
+                        let segments = meta.segments().count();
+                        if segments > 1 {
+                            bump(&stats.gro_receives, 1);
+                        }
+                        datagrams += segments;
+                        bump(&stats.datagrams_received, segments as u64);
+                        bump(&stats.bytes_received, meta.len as u64);
+                        self.rx_meta.push(meta);
+                    }
+                    if n < count {
+                        // The socket had no more.
+                        return false;
+                    }
                 }
                 Err(e) if e.kind() == IoKind::WouldBlock => return false,
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(_) => {
-                    bump(&self.core.stats.recv_errors, 1);
+                    bump(&stats.recv_errors, 1);
                     return false;
                 }
             }
         }
         true
+    }
+
+    /// The receive-side fault stage: turns the received batch, and delayed or held datagrams
+    /// now due, into the ordered list the engine is fed.
+    fn ingest(&mut self, now: Instant, release: bool) {
+        self.feed.clear();
+        self.rx_stage.due(now, release, &mut self.rx_owned);
+        self.feed.extend(self.rx_owned.drain(..).map(Feed::Owned));
+        if self.rx_meta.is_empty() {
+            return;
+        }
+        // Hold the fault configuration only while a receive-side plan is installed.
+        let mut cfg = Some(self.core.faults()).filter(|c| c.active(Direction::Rx));
+        // Lock order: the fault configuration, then the capture (never the other way).
+        let capture = self.capture.as_deref();
+        let mut writer = capture.map(Capture::writer);
+        let mut captured = 0;
+        for m in &self.rx_meta {
+            for (start, len) in m.segments() {
+                let Some(bytes) = self.rx.get(start..start + len) else {
+                    continue;
+                };
+                if let (Some(w), Some(c)) = (writer.as_mut(), capture) {
+                    // A member's datagram was written when it was sent.
+                    if !c.is_member(m.src) && w.write(m.src, self.local, bytes) {
+                        captured += 1;
+                    }
+                }
+                let verdict = cfg
+                    .as_mut()
+                    .and_then(|c| c.judge(Direction::Rx, now, m.src, bytes));
+                match verdict {
+                    Some(v) if !passes(&v) => {
+                        let copy = self.pool.copy(m.src, bytes);
+                        self.rx_stage
+                            .carry_out(v, now, copy, &mut self.rx_owned, &mut self.pool);
+                        self.feed.extend(self.rx_owned.drain(..).map(Feed::Owned));
+                    }
+                    _ => self.feed.push(Feed::Slice {
+                        start,
+                        len,
+                        src: m.src,
+                    }),
+                }
+            }
+        }
+        bump(&self.core.stats.captured, captured);
     }
 
     /// Runs the engine under the lock; returns whether the transmit batch filled, the engine
@@ -400,14 +689,22 @@ impl Progress {
         let mut st = core.lock();
         let now = st.now(core.epoch);
         let DevState { hca, mem, .. } = &mut *st;
-        for (&(len, src), buf) in self.rx_meta.iter().zip(&self.rx) {
-            if let Some(bytes) = buf.get(..len) {
-                hca.handle_datagram(now, src, bytes, mem);
+        for item in self.feed.drain(..) {
+            match item {
+                Feed::Slice { start, len, src } => {
+                    if let Some(bytes) = self.rx.get(start..start + len) {
+                        hca.handle_datagram(now, src, bytes, mem);
+                    }
+                }
+                Feed::Owned(d) => {
+                    hca.handle_datagram(now, d.peer, d.bytes(), mem);
+                    self.pool.give(d.buf);
+                }
             }
         }
         while let Some(p) = self.self_rx.pop_front() {
-            hca.handle_datagram(now, self.local, &p.bytes, mem);
-            recycle(&mut self.pool, p.bytes);
+            hca.handle_datagram(now, self.local, p.bytes(), mem);
+            self.pool.give(p.buf);
         }
         if hca.poll_timeout().is_some_and(|t| t <= now) {
             hca.handle_timeout(now, mem);
@@ -418,16 +715,18 @@ impl Progress {
         if self.out.len() < TX_BATCH {
             let mut pulled = 0;
             while pulled < TX_BATCH {
-                let mut buf = self.pool.pop().unwrap_or_default();
-                buf.resize(MAX_PACKET_LEN, 0);
+                let mut buf = self.pool.take();
                 let Some(tx) = hca.poll_transmit(now, mem, &mut buf) else {
-                    recycle(&mut self.pool, buf);
+                    self.pool.give(buf);
                     break;
                 };
-                buf.truncate(tx.len);
-                self.staged.push(OutPacket {
-                    dst: tx.dst,
-                    bytes: buf,
+                self.staged.push(Staged {
+                    packet: Datagram {
+                        peer: tx.dst,
+                        buf,
+                        len: tx.len,
+                    },
+                    src_port: tx.src_port,
                 });
                 pulled += 1;
             }
@@ -440,34 +739,84 @@ impl Progress {
     }
 
     /// Fault stage, then the socket.
-    fn send(&mut self, now: Instant) {
-        for p in &mut self.staged {
-            refill_icrc(self.local, p);
+    fn send(&mut self, now: Instant, release: bool) {
+        let port = self.local.port();
+        for s in &mut self.staged {
+            if s.src_port != port {
+                refill_icrc(self.local, &mut s.packet);
+            }
         }
         if !self.staged.is_empty() {
             let mut cfg = self.core.faults();
-            for p in self.staged.drain(..) {
-                self.stage
-                    .apply(&mut cfg, now, p, &mut self.out, &mut self.pool);
+            for s in self.staged.drain(..) {
+                self.tx_stage.apply(
+                    &mut cfg,
+                    Direction::Tx,
+                    now,
+                    s.packet,
+                    &mut self.out,
+                    &mut self.pool,
+                );
             }
         }
-        let release = self.core.release_held.swap(false, Ordering::AcqRel);
-        self.stage.due(now, release, &mut self.out);
+        self.tx_stage.due(now, release, &mut self.out);
+        self.flush();
+    }
+
+    /// Writes the queued packets to the socket, in order, until it is empty or full.
+    fn flush(&mut self) {
         let stats = &self.core.stats;
         while let Some(p) = self.out.front() {
-            if p.dst == self.local {
+            if p.peer == self.local {
                 if let Some(p) = self.out.pop_front() {
                     bump(&stats.loopback, 1);
                     self.self_rx.push_back(p);
                 }
                 continue;
             }
-            match self.socket.send_to(&p.bytes, p.dst) {
+            let run = match &self.state {
+                Some(_) if self.gso => gso_run(&self.out, self.gso_segments, GSO_MAX_BYTES),
+                _ => 1,
+            };
+            let (dst, seg) = (p.peer, p.len);
+            bump(&stats.send_syscalls, 1);
+            let result = match (&self.state, run) {
+                (Some(state), 2..) => {
+                    self.gso_buf.clear();
+                    for q in self.out.iter().take(run) {
+                        self.gso_buf.extend_from_slice(q.bytes());
+                    }
+                    let transmit = Transmit {
+                        destination: dst,
+                        ecn: None,
+                        contents: &self.gso_buf,
+                        segment_size: Some(seg),
+                        src_ip: None,
+                    };
+                    state
+                        .try_send((&self.socket).into(), &transmit)
+                        .map(|()| self.gso_buf.len())
+                }
+                _ => self.socket.send_to(p.bytes(), dst),
+            };
+            match result {
                 Ok(n) => {
-                    bump(&stats.datagrams_sent, 1);
+                    bump(&stats.datagrams_sent, run as u64);
                     bump(&stats.bytes_sent, n as u64);
-                    if let Some(p) = self.out.pop_front() {
-                        recycle(&mut self.pool, p.bytes);
+                    if run > 1 {
+                        bump(&stats.gso_sends, 1);
+                    }
+                    let mut writer = self.capture.as_deref().map(Capture::writer);
+                    for _ in 0..run {
+                        let Some(p) = self.out.pop_front() else {
+                            break;
+                        };
+                        if let Some(w) = writer.as_mut() {
+                            if w.write(self.local, p.peer, p.bytes()) {
+                                bump(&stats.captured, 1);
+                            }
+                        }
+                        self.pool.give(p.buf);
                     }
                 }
                 Err(e) if e.kind() == IoKind::WouldBlock => {
@@ -476,10 +825,19 @@ impl Progress {
                     return;
                 }
                 Err(e) if e.kind() == IoKind::Interrupted => {}
+                Err(e) if run > 1 && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
+                    // The kernel (or the device) has no segmentation offload for this path:
+                    // send everything one by one from now on, starting with this run.
+                    bump(&stats.gso_refused, 1);
+                    self.gso = false;
+                    self.core.gso_active.store(false, Ordering::Release);
+                }
                 Err(_) => {
                     bump(&stats.send_errors, 1);
-                    if let Some(p) = self.out.pop_front() {
-                        recycle(&mut self.pool, p.bytes);
+                    for _ in 0..run {
+                        if let Some(p) = self.out.pop_front() {
+                            self.pool.give(p.buf);
+                        }
                     }
                 }
             }
@@ -507,20 +865,164 @@ impl Progress {
     }
 }
 
-fn recycle(pool: &mut Vec<Vec<u8>>, buf: Vec<u8>) {
-    if pool.len() < POOL_MAX {
-        pool.push(buf);
+/// How many datagrams at the front of `out` one GSO send can carry: a run to one destination
+/// whose datagrams all have the first one's length, except that the last may be shorter, at
+/// most `max_segments` of them and `max_bytes` in all (at least 1: the front itself).
+fn gso_run(out: &VecDeque<Datagram>, max_segments: usize, max_bytes: usize) -> usize {
+    let Some(first) = out.front() else {
+        return 0;
+    };
+    let (mut count, mut total) = (1, first.len);
+    for p in out.iter().skip(1) {
+        if count == max_segments
+            || p.peer != first.peer
+            || p.len > first.len
+            || p.len == 0
+            || total + p.len > max_bytes
+        {
+            break;
+        }
+        count += 1;
+        total += p.len;
+        if p.len < first.len {
+            break;
+        }
     }
+    count
 }
 
 /// Recomputes the ICRC for the headers the packet really travels in: the engine signs it with
 /// the per-QP-pair source port of RoCEv2 (rc-transport.md §1.9), but a datagram sent from the
 /// device's one socket carries the socket's port, and the ICRC covers the UDP source port.
-fn refill_icrc(local: SocketAddr, p: &mut OutPacket) {
+fn refill_icrc(local: SocketAddr, p: &mut Datagram) {
     // The engine cannot address another family; then the packet stays as built.
-    let Some(ip) = IpContext::between(local, p.dst) else {
+    let Some(ip) = IpContext::between(local, p.peer) else {
         return;
     };
     // Fails only for a packet shorter than BTH + ICRC, which the engine never builds.
-    let _ = fill_icrc(&ip, &mut p.bytes);
+    let _ = fill_icrc(&ip, p.bytes_mut());
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Instant as WallClock;
+
+    use emu_proto::MAX_PACKET_LEN;
+    use verbs_api::{
+        AccessFlags, CompletionQueue, Context, Device, MemoryRegion, Mtu, Provider, QpCap,
+        QpInitAttr, QueuePair, RcConnectOptions, SendOp, SendWr, WcStatus, WorkCompletion,
+        connect_rc,
+    };
+
+    use super::*;
+
+    fn d(peer: &str, len: usize) -> Datagram {
+        Datagram {
+            peer: peer.parse().unwrap(),
+            buf: vec![0; MAX_PACKET_LEN],
+            len,
+        }
+    }
+
+    #[test]
+    fn gso_runs_are_equal_sized_datagrams_to_one_peer() {
+        let (x, y) = ("127.0.0.1:1", "127.0.0.2:2");
+        let run = |q: &[Datagram], segs, bytes| {
+            let q: VecDeque<Datagram> = q.iter().map(|p| d(&p.peer.to_string(), p.len)).collect();
+            gso_run(&q, segs, bytes)
+        };
+        assert_eq!(run(&[], 64, GSO_MAX_BYTES), 0);
+        assert_eq!(run(&[d(x, 100)], 64, GSO_MAX_BYTES), 1);
+        // Equal sizes, then a shorter last one ends the run.
+        let q = [d(x, 100), d(x, 100), d(x, 60), d(x, 100)];
+        assert_eq!(run(&q, 64, GSO_MAX_BYTES), 3);
+        // A longer one, or another peer, ends it before.
+        assert_eq!(run(&[d(x, 100), d(x, 101)], 64, GSO_MAX_BYTES), 1);
+        assert_eq!(run(&[d(x, 100), d(y, 100)], 64, GSO_MAX_BYTES), 1);
+        // Bounded by segments and bytes.
+        let q: Vec<Datagram> = (0..100).map(|_| d(x, 4112)).collect();
+        assert_eq!(run(&q, 64, GSO_MAX_BYTES), GSO_MAX_BYTES / 4112);
+        assert_eq!(run(&q, 4, GSO_MAX_BYTES), 4);
+        assert_eq!(run(&q[..3], 64, GSO_MAX_BYTES), 3);
+        // An empty datagram never joins a run.
+        assert_eq!(run(&[d(x, 100), d(x, 0)], 64, GSO_MAX_BYTES), 1);
+    }
+
+    fn wait(cq: &crate::UdpCq) -> WorkCompletion {
+        let deadline = WallClock::now() + Duration::from_secs(10);
+        let mut wc = [WorkCompletion::default()];
+        while WallClock::now() < deadline {
+            if cq.poll(&mut wc).unwrap() == 1 {
+                return wc[0];
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("no completion in time");
+    }
+
+    /// The kernel refuses every GSO send of a socket with `SO_NO_CHECK` (`EINVAL`): the first
+    /// refusal turns GSO off, and every datagram still arrives, one per call.
+    #[test]
+    fn a_refused_gso_send_falls_back_to_one_datagram_per_call() {
+        let p = crate::UdpProvider::builder()
+            .device("127.0.0.91:0".parse().unwrap())
+            .device("127.0.0.92:0".parse().unwrap())
+            .gso(true)
+            .no_udp_checksum()
+            .build()
+            .unwrap();
+        let devs = p.devices().unwrap();
+        let (ca, cb) = (devs[0].open().unwrap(), devs[1].open().unwrap());
+        if !ca.socket_info().gso_enabled {
+            eprintln!("SKIP: this kernel has no UDP GSO ({:?})", ca.socket_info());
+            return;
+        }
+        let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let side = |ctx: &crate::UdpContext| {
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = ctx
+                .create_qp(&pd, &cq, &cq, None, &QpInitAttr::rc(cap))
+                .unwrap();
+            let mr = ctx.alloc_mr(&pd, 64 * 1024, all).unwrap();
+            (pd, cq, qp, mr)
+        };
+        let (_pda, cqa, qpa, mra) = side(&ca);
+        let (_pdb, _cqb, qpb, mrb) = side(&cb);
+        let opts = RcConnectOptions {
+            path_mtu: Mtu::Mtu1024,
+            ..RcConnectOptions::default()
+        };
+        connect_rc(&qpa, 1, &qpb.endpoint(2).unwrap(), &opts).unwrap();
+        connect_rc(&qpb, 2, &qpa.endpoint(1).unwrap(), &opts).unwrap();
+        let data: Vec<u8> = (0..64 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+        mra.write(0, &data).unwrap();
+        let op = SendOp::RdmaWrite {
+            remote_addr: mrb.addr(),
+            rkey: mrb.rkey(),
+        };
+        qpa.post_send(&[SendWr::new(1, op, &[mra.sge(0, data.len()).unwrap()])])
+            .unwrap();
+        assert_eq!(wait(&cqa).status, WcStatus::Success);
+        let mut got = vec![0; data.len()];
+        mrb.read(0, &mut got).unwrap();
+        assert!(got == data, "WRITE data differs");
+        let s = ca.driver_stats();
+        assert_eq!(s.gso_refused, 1, "{s:?}");
+        assert_eq!(s.gso_sends, 0, "{s:?}");
+        assert_eq!(s.send_errors, 0, "{s:?}");
+        // The refused call, then one call per datagram.
+        assert!(s.send_syscalls > s.datagrams_sent, "{s:?}");
+        assert!(!ca.socket_info().gso_enabled);
+        p.shutdown();
+    }
 }

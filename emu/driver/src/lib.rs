@@ -30,7 +30,7 @@
 //! One progress thread per device (see the `engine` module docs): it waits in `epoll_wait`
 //! (through mio) for a datagram, the doorbell that verbs calls ring, or the engine's next timer
 //! deadline, so an idle device costs no CPU. Work per wake-up is bounded ([`RX_BATCH`]
-//! datagrams in, [`TX_BATCH`] packets out). [`UdpContext::set_busy_poll`] makes it spin
+//! datagrams in, [`TX_BATCH`] packets out; see [Batching](#batching)). [`UdpContext::set_busy_poll`] makes it spin
 //! instead. Engine time is `std::time::Instant` since the device was created. The thread stops
 //! (and the socket closes) on [`UdpProvider::shutdown`] / [`UdpDevice::shutdown`] or when the
 //! last handle of the device is dropped.
@@ -40,7 +40,36 @@
 //! A [`emu_fault::FaultPlan`] (from [`UdpBuilder::faults`] or, at run time,
 //! [`UdpContext::set_faults`]) decides every datagram a device sends: drop, duplicate,
 //! corrupt, truncate, delay, hold, partition, rate-limit, exactly as in the in-process backend.
-//! Device `i` of a builder is node `i`.
+//! A second, independent plan ([`UdpBuilder::rx_faults`], [`UdpContext::set_rx_faults`])
+//! decides every datagram the device reads from its socket before the engine sees it, so
+//! faults apply even when the peer is not softverbs (a RoCEv2 NIC, Linux rxe). Device `i` of a
+//! builder is node `i`; other addresses are named with [`UdpBuilder::peer_node`]. Verdict
+//! counters: [`UdpContext::fault_counters`] and [`UdpContext::rx_fault_counters`].
+//!
+//! # Capture
+//!
+//! [`UdpBuilder::capture`] writes the live traffic of a provider's devices to one pcap file,
+//! [`UdpContext::set_capture`] that of one device at run time: what the device writes to its
+//! socket (after the send-side faults) and what it reads (before the receive-side faults),
+//! with the real IP addresses, UDP ports and wall-clock timestamps. Wireshark decodes it as
+//! RoCEv2 (for ports other than 4791: `tshark -d udp.port==PORT,infiniband`).
+//! [`UdpProvider::shutdown`] and [`UdpProvider::finish_capture`] close the files; write errors
+//! are kept and reported, never panicked on.
+//!
+//! # Batching
+//!
+//! Receives are batched: up to 32 datagrams per `recvmmsg`, and UDP GRO on by default
+//! ([`UdpBuilder::gro`]), which lets the kernel hand over a run of datagrams of one flow in
+//! one buffer; the driver splits it before captures, receive-side faults and the engine see
+//! it. Sends are one `send_to` per datagram by default. [`UdpBuilder::gso`] (off by default)
+//! sends each run of equal-size datagrams to one destination with one UDP GSO `sendmsg`,
+//! falling back to one datagram per call where the kernel has no GSO or refuses it. It is
+//! opt-in because Linux numbers the IPv4 identification of GSO segments 0, 1, 2, … while the
+//! ICRC assumes 0: softverbs peers never see the field, RoCEv2 NICs and rxe drop every segment
+//! after the first (see [`UdpBuilder::gso`]). [`UdpDevice::socket_info`] reports what is in
+//! use; [`DriverStats`] counts system calls, GSO sends and GRO buffers. Socket setup and the
+//! GSO/GRO control messages come from the `quinn-udp` crate; IPv4 DF (`IP_PMTUDISC_DO`) is
+//! forced as before.
 //!
 //! # What the driver checks
 //!
@@ -51,12 +80,14 @@
 //!
 //! # Not done yet
 //!
-//! GSO/GRO and `sendmmsg`/`recvmmsg` batching (the receive and send loops are where they plug
-//! in), forcing IPv4 DF (socket2 0.5 has no `IP_MTU_DISCOVER` setter; Linux sets DF by default
-//! for datagrams that fit the path MTU), faults on the receive side, pcap capture of live
-//! traffic.
+//! `sendmmsg`: without GSO every datagram costs one `send_to` (no kept crate offers
+//! `sendmmsg`: `quinn-udp` sends one buffer per `sendmsg`, socket2 0.5 has none). GSO on by
+//! default: it would need either peers that ignore the IPv4 identification or the kernel not
+//! renumbering segments. Segmentation-aware captures on `lo`: a packet tap there sees a GSO
+//! send as one frame (the driver's own capture is per packet).
 #![deny(unsafe_code)]
 
+mod capture;
 mod engine;
 mod fault;
 pub mod oob;

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +26,7 @@ use verbs_api::{
     SendWr, SharedReceiveQueue, SrqAttr, WorkCompletion,
 };
 
+use crate::capture::Capture;
 use crate::engine::{Core, DevState, DriverStats, Engine};
 use crate::fault::FaultConfig;
 use crate::socket::{self, SocketInfo};
@@ -44,9 +45,15 @@ pub struct UdpBuilder {
     seed: u64,
     socket_buffer: usize,
     faults: Option<FaultPlan>,
+    rx_faults: Option<FaultPlan>,
     peers: Vec<(SocketAddr, NodeId)>,
     first_node: u32,
     busy_poll: bool,
+    capture: Option<PathBuf>,
+    gso: bool,
+    gro: bool,
+    #[cfg(test)]
+    no_check: bool,
 }
 
 impl Default for UdpBuilder {
@@ -56,9 +63,15 @@ impl Default for UdpBuilder {
             seed: 0,
             socket_buffer: DEFAULT_SOCKET_BUFFER,
             faults: None,
+            rx_faults: None,
             peers: Vec::new(),
             first_node: 0,
             busy_poll: false,
+            capture: None,
+            gso: false,
+            gro: true,
+            #[cfg(test)]
+            no_check: false,
         }
     }
 }
@@ -110,8 +123,22 @@ impl UdpBuilder {
         self
     }
 
-    /// Names the node number a fault plan uses for datagrams sent to `addr` (a device of
-    /// another provider or process).
+    /// A fault plan every device applies to the datagrams it *receives* from its socket, before
+    /// the engine sees them (each device runs its own injector from the plan, separate from the
+    /// send-side one of [`faults`](Self::faults)). Use it when the peer injects nothing itself,
+    /// e.g. a real RoCEv2 NIC or Linux rxe. The plan format, node numbers and verdicts are the
+    /// send side's: a received datagram is the link `node of its source → this device`, so
+    /// `from`/`to` in rules keep their meaning; delayed and held datagrams reach the engine
+    /// later, duplicates twice, corrupted ones fail the engine's ICRC check. Datagrams a device
+    /// sends to itself (they skip the socket) are not judged here.
+    pub fn rx_faults(mut self, plan: FaultPlan) -> UdpBuilder {
+        self.rx_faults = Some(plan);
+        self
+    }
+
+    /// Names the node number a fault plan uses for datagrams to or from `addr` (a device of
+    /// another provider or process). An address with port 0 names every port of its IP (a
+    /// peer such as rxe sends from a per-QP source port); an entry with the exact port wins.
     pub fn peer_node(mut self, addr: SocketAddr, node: NodeId) -> UdpBuilder {
         self.peers.push((addr, node));
         self
@@ -131,11 +158,72 @@ impl UdpBuilder {
         self
     }
 
+    /// Writes the live traffic of every device of this builder to one pcap file at `path`
+    /// (created or truncated by [`build`](Self::build)): each datagram a device writes to its
+    /// socket, after the send-side faults, and each datagram it reads from its socket, before
+    /// the receive-side faults — a datagram between two devices of this builder once, when it
+    /// is sent. Frames are Ethernet/IP/UDP ([`emu_capture::build_frame`]) with the real IP
+    /// addresses and UDP ports, IPv4 identification 0 and DF (what the ICRC assumes), stamped
+    /// with the wall clock. Datagrams a device sends to itself skip the socket and are not
+    /// captured. Wireshark decodes port 4791 as RoCEv2; for other ports use "Decode As"
+    /// (`tshark -d udp.port==PORT,infiniband`).
+    ///
+    /// The file is complete after [`UdpProvider::shutdown`] or
+    /// [`UdpProvider::finish_capture`] (which reports write errors), or once the provider and
+    /// every handle are dropped. For one device at run time see [`UdpContext::set_capture`].
+    pub fn capture(mut self, path: impl Into<PathBuf>) -> UdpBuilder {
+        self.capture = Some(path.into());
+        self
+    }
+
+    /// Sends runs of datagrams with UDP GSO (`UDP_SEGMENT`) where the kernel supports it:
+    /// consecutive packets to one destination of equal size (the last may be shorter), up to
+    /// 64 and 65,507 bytes, leave in one `sendmsg`, and the kernel (or the NIC) cuts them into
+    /// datagrams. Default **off**. Where the kernel has no UDP GSO this changes nothing; if it
+    /// refuses a GSO send (`EIO`/`EINVAL`), GSO is turned off for that socket, counted in
+    /// [`DriverStats::gso_refused`], and the datagrams go out one by one.
+    /// [`UdpDevice::socket_info`] tells whether GSO is in use.
+    ///
+    /// Why it is off by default: what goes on the wire changes for IPv4. Linux numbers the
+    /// IPv4 identification of the segments of one GSO send 0, 1, 2, …, while the ICRC is
+    /// computed for identification 0 (rc-transport.md §1.8 addendum). softverbs receivers read
+    /// through a UDP socket and never see the field, so GSO between softverbs devices is
+    /// lossless and much cheaper; but a peer that checks the ICRC over the real IP header
+    /// (Linux rxe, a RoCEv2 NIC) drops every segment after the first. And a packet tap on an
+    /// interface that segments late (`lo`, NICs with UDP segmentation offload) sees each GSO
+    /// send as one oversized frame, which Wireshark does not decode as RoCEv2 (the driver's
+    /// own capture, [`capture`](Self::capture), always holds the separate packets). IPv6 has
+    /// no identification field: there only the packet-tap caveat applies.
+    pub fn gso(mut self, on: bool) -> UdpBuilder {
+        self.gso = on;
+        self
+    }
+
+    /// Keeps UDP GRO (`UDP_GRO`) on for the devices' sockets where the kernel supports it
+    /// (default **on**): the kernel may hand over a run of datagrams of one flow in one read
+    /// (for example a GSO send of a softverbs peer on loopback, never cut into datagrams), and
+    /// the driver splits it at the segment size the kernel reports, before captures and
+    /// receive-side faults see it. It changes nothing on the wire. `false` turns it off (then
+    /// the kernel cuts such runs itself).
+    pub fn gro(mut self, on: bool) -> UdpBuilder {
+        self.gro = on;
+        self
+    }
+
+    /// Tests only: `SO_NO_CHECK` on every socket, with which the kernel refuses GSO sends.
+    #[cfg(test)]
+    pub(crate) fn no_udp_checksum(mut self) -> UdpBuilder {
+        self.no_check = true;
+        self
+    }
+
     /// Binds every device's socket and starts its progress thread.
     ///
-    /// Errors: an unspecified, multicast or broadcast address, or an invalid fault plan →
-    /// `InvalidArgument`; a socket that cannot be bound (address in use, not local) or a thread
-    /// that cannot start → `Io`. On error nothing keeps running.
+    /// Errors: an unspecified, multicast or broadcast address, or an invalid fault plan (either
+    /// direction) →
+    /// `InvalidArgument`; a socket that cannot be bound (address in use, not local), a capture
+    /// file that cannot be created or a thread that cannot start → `Io`. On error nothing keeps
+    /// running.
     pub fn build(self) -> Result<UdpProvider> {
         let addrs = if self.devices.is_empty() {
             vec![DEFAULT_ADDR]
@@ -148,21 +236,43 @@ impl UdpBuilder {
             .map(Injector::new)
             .transpose()
             .map_err(|e| Error::invalid(format!("fault plan: {e}")))?;
+        let rx_injector = self
+            .rx_faults
+            .clone()
+            .map(Injector::new)
+            .transpose()
+            .map_err(|e| Error::invalid(format!("receive-side fault plan: {e}")))?;
+        let opts = socket::Options {
+            buffer: self.socket_buffer,
+            gso: self.gso,
+            gro: self.gro,
+            #[cfg(test)]
+            no_check: self.no_check,
+        };
         let mut bound = Vec::with_capacity(addrs.len());
         for addr in &addrs {
             check_addr(*addr)?;
-            let (sock, info) = socket::bind(*addr, self.socket_buffer)
+            let b = socket::bind(*addr, &opts)
                 .map_err(|e| Error::new(ErrorKind::Io, format!("binding UDP {addr}: {e}")))?;
-            bound.push((sock, info));
+            bound.push(b);
         }
         let mut nodes: HashMap<SocketAddr, NodeId> = self.peers.iter().copied().collect();
         let node_id = |i: usize| NodeId(self.first_node.saturating_add(node_number(i)));
-        for (i, (_, info)) in bound.iter().enumerate() {
-            nodes.insert(info.local_addr, node_id(i));
+        for (i, b) in bound.iter().enumerate() {
+            nodes.insert(b.info.local_addr, node_id(i));
         }
+        let capture = match &self.capture {
+            Some(path) => {
+                let members = bound.iter().map(|b| b.info.local_addr).collect();
+                let capture = Capture::create(path, members, false)
+                    .map_err(|e| Error::new(ErrorKind::Io, e))?;
+                Some(Arc::new(capture))
+            }
+            None => None,
+        };
         let mut devices = Vec::with_capacity(bound.len());
-        for (i, (sock, info)) in bound.into_iter().enumerate() {
-            let local = info.local_addr;
+        for (i, b) in bound.into_iter().enumerate() {
+            let local = b.info.local_addr;
             let gid = Gid::from_ip(local.ip());
             let seed = self.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let mut config = HcaConfig::new(format!("udp{i}"), gid, seed);
@@ -170,10 +280,11 @@ impl UdpBuilder {
             let (name, guid) = (config.name.clone(), config.node_guid);
             let faults = FaultConfig {
                 injector: injector.clone(),
+                rx_injector: rx_injector.clone(),
                 nodes: nodes.clone(),
                 local: node_id(i),
             };
-            let engine = Engine::start(sock, info, config, faults, self.busy_poll)?;
+            let engine = Engine::start(b, config, faults, capture.clone(), self.busy_poll)?;
             devices.push(UdpDevice(Arc::new(DeviceShared {
                 engine,
                 name,
@@ -183,6 +294,7 @@ impl UdpBuilder {
         }
         Ok(UdpProvider {
             devices: Arc::new(devices),
+            capture,
         })
     }
 }
@@ -211,6 +323,8 @@ fn check_addr(addr: SocketAddr) -> Result<()> {
 #[derive(Clone, Debug)]
 pub struct UdpProvider {
     devices: Arc<Vec<UdpDevice>>,
+    /// The builder's capture, shared by the devices.
+    capture: Option<Arc<Capture>>,
 }
 
 impl UdpProvider {
@@ -219,12 +333,41 @@ impl UdpProvider {
         UdpBuilder::default()
     }
 
-    /// Stops every device's progress thread and closes its socket, waiting for the threads.
-    /// Objects stay valid afterwards, but no packet moves and no timer fires.
+    /// Stops every device's progress thread and closes its socket, waiting for the threads,
+    /// then closes every capture file of the devices ([`finish_capture`](Self::finish_capture)
+    /// reports their errors afterwards). Objects stay valid afterwards, but no packet moves and
+    /// no timer fires.
     pub fn shutdown(&self) {
         for dev in self.devices.iter() {
             dev.shutdown();
         }
+        let _ = self.finish_capture();
+    }
+
+    /// Stops capturing on every device of the provider — the builder's capture
+    /// ([`UdpBuilder::capture`]) and those set with [`UdpContext::set_capture`] — flushing and
+    /// closing the files. Idempotent: the first error each file met (creating, writing,
+    /// flushing, closing) is kept and reported again. `Ok` if nothing is captured; `Io`
+    /// naming the file otherwise. A device keeps no capture running afterwards until
+    /// [`UdpContext::set_capture`] starts a new one.
+    pub fn finish_capture(&self) -> Result<()> {
+        let mut captures: Vec<Arc<Capture>> = self.capture.iter().cloned().collect();
+        for dev in self.devices.iter() {
+            if let Some(c) = dev.core().capture() {
+                if !captures.iter().any(|k| Arc::ptr_eq(k, &c)) {
+                    captures.push(c);
+                }
+            }
+        }
+        let mut first = Ok(());
+        for c in captures {
+            if let Err(e) = c.finish() {
+                if first.is_ok() {
+                    first = Err(Error::new(ErrorKind::Io, e));
+                }
+            }
+        }
+        first
     }
 }
 
@@ -259,12 +402,12 @@ impl UdpDevice {
 
     /// The socket's bound address: the device's IP (its GID) and UDP port.
     pub fn local_addr(&self) -> SocketAddr {
-        self.core().info.local_addr
+        self.core().socket_info().local_addr
     }
 
-    /// What the kernel granted the socket.
+    /// What the kernel granted the socket, and the batching in use (GSO, GRO, `recvmmsg`).
     pub fn socket_info(&self) -> SocketInfo {
-        self.core().info
+        self.core().socket_info()
     }
 
     /// The node number fault plans use for this device.
@@ -273,9 +416,14 @@ impl UdpDevice {
     }
 
     /// Stops the progress thread and closes the socket, waiting for the thread; idempotent.
-    /// Open contexts and handles stay valid, but no packet moves and no timer fires.
+    /// A capture of this device alone ([`UdpContext::set_capture`]) is closed; one shared with
+    /// the provider's other devices stays open for them. Open contexts and handles stay valid,
+    /// but no packet moves and no timer fires.
     pub fn shutdown(&self) {
         self.0.engine.shutdown();
+        if let Some(c) = self.core().capture().filter(|c| c.per_device) {
+            let _ = c.finish();
+        }
     }
 }
 
@@ -365,14 +513,15 @@ impl UdpContext {
         Ok(())
     }
 
-    /// Names the node number fault plans use for datagrams this device sends to `addr` (a
-    /// device of another process, known only once endpoints are exchanged), as
-    /// [`UdpBuilder::peer_node`] does at build time; a later call for the same address wins.
+    /// Names the node number fault plans use for datagrams this device sends to or receives
+    /// from `addr` (a device of another process, known only once endpoints are exchanged), as
+    /// [`UdpBuilder::peer_node`] does at build time (port 0 names every port of the IP); a
+    /// later call for the same address wins.
     pub fn set_peer_node(&self, addr: SocketAddr, node: NodeId) {
         self.core().faults().nodes.insert(addr, node);
     }
 
-    /// The verdict counters of the device's injector, if a plan is installed.
+    /// The verdict counters of the device's send-side injector, if a plan is installed.
     pub fn fault_counters(&self) -> Option<Counters> {
         self.core()
             .faults()
@@ -381,13 +530,70 @@ impl UdpContext {
             .map(|i| i.counters().clone())
     }
 
-    /// Sends every datagram a hold rule is keeping, and retires the hold rules
-    /// ([`Injector::release`]).
+    /// Replaces the device's receive-side fault plan at run time (`None` removes it), as
+    /// [`UdpBuilder::rx_faults`] installs one at build time. The injector starts afresh
+    /// (counters and rule state reset); received datagrams already delayed or held stay so
+    /// until due or [`release_held`](Self::release_held). `InvalidArgument` for an invalid
+    /// plan, leaving the old one in place.
+    pub fn set_rx_faults(&self, plan: Option<FaultPlan>) -> Result<()> {
+        let injector = plan
+            .map(Injector::new)
+            .transpose()
+            .map_err(|e| Error::invalid(format!("receive-side fault plan: {e}")))?;
+        self.core().faults().rx_injector = injector;
+        Ok(())
+    }
+
+    /// The verdict counters of the device's receive-side injector, if a plan is installed:
+    /// per link `source node → this device`, as [`fault_counters`](Self::fault_counters)
+    /// counts the send side.
+    pub fn rx_fault_counters(&self) -> Option<Counters> {
+        self.core()
+            .faults()
+            .rx_injector
+            .as_ref()
+            .map(|i| i.counters().clone())
+    }
+
+    /// Delivers every datagram a hold rule is keeping — sent ones to the socket, received ones
+    /// to the engine — and retires the hold rules of both injectors ([`Injector::release`]).
     pub fn release_held(&self) {
-        if let Some(injector) = self.core().faults().injector.as_mut() {
-            injector.release();
+        {
+            let mut guard = self.core().faults();
+            let cfg = &mut *guard;
+            for injector in [cfg.injector.as_mut(), cfg.rx_injector.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                injector.release();
+            }
         }
         self.core().release_held();
+    }
+
+    /// Starts writing this device's live traffic to a pcap file of its own at `path` (created
+    /// or truncated), or stops capturing with `None`: what the device writes to its socket
+    /// (after the send-side faults) and what it reads from it (before the receive-side faults),
+    /// framed as [`UdpBuilder::capture`] describes. It replaces the capture the device wrote to
+    /// until now; a previous file of this device alone is closed, a file shared with the
+    /// provider's other devices stays open for them.
+    ///
+    /// Errors (`Io`, naming the file): the new file cannot be created — then nothing changes;
+    /// or the replaced file of this device alone met an error while it was written or closed —
+    /// the switch is done anyway. [`UdpProvider::finish_capture`] closes the file too.
+    pub fn set_capture(&self, path: Option<&Path>) -> Result<()> {
+        let capture = match path {
+            Some(path) => {
+                let c = Capture::create(path, vec![self.local_addr()], true)
+                    .map_err(|e| Error::new(ErrorKind::Io, e))?;
+                Some(Arc::new(c))
+            }
+            None => None,
+        };
+        match self.core().set_capture(capture) {
+            Some(old) if old.per_device => old.finish().map_err(|e| Error::new(ErrorKind::Io, e)),
+            _ => Ok(()),
+        }
     }
 
     /// Busy-poll mode: the progress thread spins on nonblocking receives instead of sleeping

@@ -1,12 +1,22 @@
 //! The device's UDP socket: bound with socket2, buffers raised toward the system maximum,
-//! nonblocking, handed to mio.
+//! nonblocking, set up for batched I/O by `quinn-udp` (UDP GSO/GRO, `recvmmsg`), handed to
+//! mio.
+//!
+//! `quinn-udp` sets the socket options and control messages of segmentation offload safely:
+//! [`quinn_udp::UdpSocketState::new`] turns `UDP_GRO` on where the kernel has it and probes
+//! `UDP_SEGMENT`; its `recv` reads up to [`quinn_udp::BATCH_SIZE`] buffers per `recvmmsg` and
+//! reports each buffer's segment size; its `try_send` sends one buffer of equal-size segments
+//! (the last may be shorter) with one `sendmsg`. If the state cannot be set up the socket falls
+//! back to `recv_from`/`send_to`, one datagram per system call.
 
 use std::io;
 use std::net::SocketAddr;
 
+use quinn_udp::UdpSocketState;
 use socket2::{Domain, Protocol, Socket, Type};
 
-/// What the kernel granted a device's socket, read back after setting it up.
+/// What the kernel granted a device's socket, read back after setting it up, and the batching
+/// strategy in use.
 ///
 /// Linux doubles the value asked for `SO_RCVBUF`/`SO_SNDBUF` (bookkeeping overhead) and caps
 /// the request at `net.core.rmem_max`/`net.core.wmem_max`, so the granted sizes are usually
@@ -28,44 +38,124 @@ pub struct SocketInfo {
     /// peer's check passes (rc-transport.md §1.8 addendum). `false` for IPv6 sockets, which
     /// have no identification field, or if the kernel refused the option.
     pub dont_fragment_forced: bool,
+    /// Datagrams the kernel takes in one UDP GSO (`UDP_SEGMENT`) send on this socket; 1 if it
+    /// has no UDP GSO.
+    pub gso_segments: usize,
+    /// Whether sends coalesce runs of equal-size datagrams to one destination into GSO sends:
+    /// asked for ([`crate::UdpBuilder::gso`]), supported (`gso_segments > 1`), and not turned
+    /// off after the kernel refused one ([`crate::DriverStats::gso_refused`]).
+    pub gso_enabled: bool,
+    /// Whether `UDP_GRO` is on: the kernel may hand over several datagrams of one flow in one
+    /// read, which the driver splits at the segment size the kernel reports.
+    pub gro_enabled: bool,
+    /// Receive buffers filled per receive system call: [`quinn_udp::BATCH_SIZE`] with
+    /// `recvmmsg`, 1 on the `recv_from` fallback.
+    pub recv_batch: usize,
 }
 
-/// Opens a nonblocking UDP socket bound to `addr`, with both buffers asked to be `buffer`
-/// bytes. A refused buffer size is not an error: [`SocketInfo`] says what was granted.
-pub(crate) fn bind(
-    addr: SocketAddr,
-    buffer: usize,
-) -> io::Result<(mio::net::UdpSocket, SocketInfo)> {
+/// How to set a socket up.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Options {
+    /// Bytes to ask for each socket buffer.
+    pub(crate) buffer: usize,
+    /// Use UDP GSO for sends if the kernel has it.
+    pub(crate) gso: bool,
+    /// Keep `UDP_GRO` on if the kernel has it.
+    pub(crate) gro: bool,
+    /// Tests only: `SO_NO_CHECK`, with which the kernel refuses every GSO send (`EINVAL`).
+    #[cfg(test)]
+    pub(crate) no_check: bool,
+}
+
+/// A bound socket and its batching state.
+#[derive(Debug)]
+pub(crate) struct Bound {
+    pub(crate) socket: mio::net::UdpSocket,
+    /// `None`: batching could not be set up; plain `recv_from`/`send_to`.
+    pub(crate) state: Option<UdpSocketState>,
+    pub(crate) info: SocketInfo,
+}
+
+/// Opens a nonblocking UDP socket bound to `addr` and sets it up per `opts`. A refused buffer
+/// size or option is not an error: [`SocketInfo`] says what was granted.
+pub(crate) fn bind(addr: SocketAddr, opts: &Options) -> io::Result<Bound> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
     }
     // The kernel clamps to net.core.{r,w}mem_max; an error here only means "keep the default".
-    let _ = socket.set_recv_buffer_size(buffer);
-    let _ = socket.set_send_buffer_size(buffer);
+    let _ = socket.set_recv_buffer_size(opts.buffer);
+    let _ = socket.set_send_buffer_size(opts.buffer);
     socket.set_nonblocking(true)?;
-    let dont_fragment_forced = addr.is_ipv4() && force_dont_fragment(&socket).is_ok();
     socket.bind(&addr.into())?;
     let local_addr = socket
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("bound socket has no IP address"))?;
+    // Turns UDP_GRO on and probes UDP_SEGMENT; it also sets IP_MTU_DISCOVER to
+    // IP_PMTUDISC_PROBE, which the DF setting below replaces.
+    let state = UdpSocketState::new((&socket).into()).ok();
+    let mut gro_enabled = state.as_ref().is_some_and(|s| s.gro_segments() > 1);
+    if gro_enabled && !opts.gro {
+        gro_enabled = set_int(&socket, libc::SOL_UDP, libc::UDP_GRO, 0).is_err();
+    }
+    let gso_segments = state.as_ref().map_or(1, |s| s.max_gso_segments());
+    let dont_fragment_forced = if addr.is_ipv4() {
+        set_int(
+            &socket,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )
+        .is_ok()
+    } else {
+        // No DF in IPv6; never fragment locally either, as for IPv4.
+        let _ = set_int(
+            &socket,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+        );
+        false
+    };
+    #[cfg(test)]
+    if opts.no_check {
+        // Linux's SO_NO_CHECK (asm-generic/socket.h): UDP checksum 0, and no GSO.
+        set_int(&socket, libc::SOL_SOCKET, 11, 1)?;
+    }
     let info = SocketInfo {
         local_addr,
-        requested_buffer: buffer,
+        requested_buffer: opts.buffer,
         recv_buffer: socket.recv_buffer_size()?,
         send_buffer: socket.send_buffer_size()?,
         dont_fragment_forced,
+        gso_segments,
+        gso_enabled: opts.gso && gso_segments > 1,
+        gro_enabled,
+        recv_batch: if state.is_some() {
+            quinn_udp::BATCH_SIZE
+        } else {
+            1
+        },
     };
     let std_socket: std::net::UdpSocket = socket.into();
-    Ok((mio::net::UdpSocket::from_std(std_socket), info))
+    Ok(Bound {
+        socket: mio::net::UdpSocket::from_std(std_socket),
+        state,
+        info,
+    })
 }
 
-/// Sets `IP_MTU_DISCOVER = IP_PMTUDISC_DO` on an IPv4 socket (socket2 0.5 has no setter).
+/// Sets an integer socket option that socket2 0.5 has no setter for (`IP_MTU_DISCOVER`,
+/// `IPV6_MTU_DISCOVER`, `UDP_GRO`).
 #[allow(unsafe_code)]
-fn force_dont_fragment(socket: &Socket) -> io::Result<()> {
+fn set_int(
+    socket: &Socket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let value: libc::c_int = libc::IP_PMTUDISC_DO;
     let len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>())
         .map_err(|_| io::Error::other("socklen_t overflow"))?;
     // SAFETY: the fd is an open socket owned by `socket` for the whole call; the option value
@@ -73,8 +163,8 @@ fn force_dont_fragment(socket: &Socket) -> io::Result<()> {
     let rc = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
+            level,
+            name,
             (&raw const value).cast(),
             len,
         )

@@ -139,3 +139,97 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
         .collect()
 }
+
+pub mod tshark;
+
+/// A short RC exchange from `a` to `b` with every result checked: a SEND into a posted
+/// receive, a three-packet WRITE (at the default 1024-byte MTU), a READ back, a FETCH_ADD and a
+/// COMPARE_SWAP.
+pub fn rc_exchange(a: &Node, b: &Node) {
+    use verbs_api::{MemoryRegion, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+    let src = a.mr(8192);
+    let dst = b.mr(8192);
+    // SEND / RECV.
+    let msg = pattern(700, 21);
+    src.write(0, &msg).unwrap();
+    b.qp.post_recv(&[RecvWr::new(1, &[dst.sge(0, 4096).unwrap()])])
+        .unwrap();
+    a.qp.post_send(&[SendWr::new(
+        1,
+        SendOp::Send,
+        &[src.sge(0, msg.len()).unwrap()],
+    )])
+    .unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    let r = b.wc();
+    assert_eq!(
+        (r.status, r.byte_len as usize),
+        (WcStatus::Success, msg.len())
+    );
+    let mut got = vec![0; msg.len()];
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(got, msg, "SEND data");
+    // WRITE of three packets.
+    let data = pattern(3000, 22);
+    src.write(0, &data).unwrap();
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr() + 4096,
+        rkey: dst.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(2, write, &[src.sge(0, data.len()).unwrap()])])
+        .unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    let mut got = vec![0; data.len()];
+    dst.read(4096, &mut got).unwrap();
+    assert_eq!(got, data, "WRITE data");
+    // READ it back into another place.
+    let read = SendOp::RdmaRead {
+        remote_addr: dst.addr() + 4096,
+        rkey: dst.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(3, read, &[src.sge(4096, data.len()).unwrap()])])
+        .unwrap();
+    let wc = a.wc();
+    assert_eq!(
+        (wc.status, wc.opcode),
+        (WcStatus::Success, WcOpcode::RdmaRead)
+    );
+    let mut got = vec![0; data.len()];
+    src.read(4096, &mut got).unwrap();
+    assert_eq!(got, data, "READ data");
+    // Atomics on an aligned word of b.
+    dst.write(8000, &41u64.to_ne_bytes()).unwrap();
+    let word = dst.addr() + 8000;
+    let fadd = SendOp::AtomicFetchAndAdd {
+        remote_addr: word,
+        rkey: dst.rkey(),
+        add: 1,
+    };
+    a.qp.post_send(&[SendWr::new(4, fadd, &[src.sge(8000, 8).unwrap()])])
+        .unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    let cas = SendOp::AtomicCmpAndSwp {
+        remote_addr: word,
+        rkey: dst.rkey(),
+        compare: 42,
+        swap: 7,
+    };
+    a.qp.post_send(&[SendWr::new(5, cas, &[src.sge(8008, 8).unwrap()])])
+        .unwrap();
+    assert_eq!(a.wc().status, WcStatus::Success);
+    let mut old = [0u8; 16];
+    src.read(8000, &mut old).unwrap();
+    assert_eq!(
+        u64::from_ne_bytes(old[..8].try_into().unwrap()),
+        41,
+        "FETCH_ADD result"
+    );
+    assert_eq!(
+        u64::from_ne_bytes(old[8..].try_into().unwrap()),
+        42,
+        "CMP_SWAP result"
+    );
+    let mut now = [0u8; 8];
+    dst.read(8000, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 7, "target word");
+}

@@ -80,6 +80,12 @@ pub struct HcaConfig {
     /// Seed of the key generator (the random low byte of lkeys/rkeys); the engine never uses
     /// an unseeded RNG.
     pub seed: u64,
+    /// UDP source port of every packet the device sends. `None` (the default): per QP pair,
+    /// as rxe's `rdma_get_udp_sport` does (rc-transport.md §1.9), for drivers that can send
+    /// from any port (the in-process fabric). `Some(p)`: a device that sends from one socket
+    /// bound to `p`; the ICRC (which covers the UDP source port) is then computed for the
+    /// port the packet really leaves from, so the driver never recomputes it.
+    pub source_port: Option<u16>,
 }
 
 impl HcaConfig {
@@ -97,6 +103,7 @@ impl HcaConfig {
             active_mtu: Mtu::Mtu4096,
             limits: Limits::default(),
             seed,
+            source_port: None,
         }
     }
 

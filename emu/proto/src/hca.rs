@@ -920,6 +920,11 @@ impl Hca {
                 continue;
             };
             qp.rc.queued = false;
+            let src_port = self
+                .config
+                .source_port
+                .unwrap_or_else(|| crate::wire::ip::udp_sport(qpn, qp.attr.dest_qp_num));
+            let src = SocketAddr::new(src_ip, src_port);
             let mut ctx = Ctx {
                 now,
                 mrs: &self.mrs,
@@ -928,12 +933,11 @@ impl Hca {
                 wcs: &mut self.wcs,
                 events: &mut self.events,
             };
-            let len = responder::next_packet(qp, &mut ctx, src_ip, buf)
-                .or_else(|| requester::next_packet(qp, &mut ctx, src_ip, buf));
+            let len = responder::next_packet(qp, &mut ctx, src, buf)
+                .or_else(|| requester::next_packet(qp, &mut ctx, src, buf));
             let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Verdict::Fatal
                 || std::mem::take(&mut qp.rc.resp_fatal);
             let dst = SocketAddr::new(qp.peer_ip, qp.attr.ah_attr.udp_dport);
-            let src_port = crate::wire::ip::udp_sport(qpn, qp.attr.dest_qp_num);
             self.after_step(qpn, fatal, len.is_some());
             if let Some(len) = len {
                 return Some(Transmit { dst, src_port, len });

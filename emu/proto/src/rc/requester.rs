@@ -3,7 +3,7 @@
 //!
 //! State is committed only after a packet was built, so a failed build changes nothing.
 
-use std::net::IpAddr;
+use std::net::SocketAddr;
 
 use verbs_api::{AccessFlags, QpState, SendFlags, SendOp, Sge, WcStatus};
 
@@ -11,7 +11,6 @@ use super::tx::{self, TxError};
 use super::{Ctx, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, ack_timeout, packets};
 use crate::memory::MemoryFault;
 use crate::qp::Qp;
-use crate::wire::ip::udp_sport;
 use crate::wire::{AtomicEthRepr, BthRepr, ImmDtRepr, Opcode, PacketRepr, Position, RethRepr};
 
 /// Builds the next request packet of `qp` into `buf` and returns its length, or `None` when
@@ -19,7 +18,7 @@ use crate::wire::{AtomicEthRepr, BthRepr, ImmDtRepr, Opcode, PacketRepr, Positio
 pub(crate) fn next_packet(
     qp: &mut Qp,
     ctx: &mut Ctx<'_>,
-    src_ip: IpAddr,
+    src: SocketAddr,
     buf: &mut [u8],
 ) -> Option<usize> {
     let state = qp.state();
@@ -48,7 +47,7 @@ pub(crate) fn next_packet(
         if qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS {
             return None;
         }
-        return match build(qp, ctx, idx, src_ip, buf) {
+        return match build(qp, ctx, idx, src, buf) {
             Ok(len) => Some(len),
             Err(TxError::Memory) => {
                 if let Some(w) = qp.sq.get_mut(idx) {
@@ -202,7 +201,7 @@ fn build(
     qp: &mut Qp,
     ctx: &mut Ctx<'_>,
     idx: usize,
-    src_ip: IpAddr,
+    src: SocketAddr,
     buf: &mut [u8],
 ) -> Result<usize, TxError> {
     let wqe = qp.sq.get(idx).ok_or(TxError::Memory)?;
@@ -211,9 +210,9 @@ fn build(
     let i = t.next_pkt;
     let psn = t.first_psn.wrapping_add(i);
     let ip = tx::ip_context(
-        src_ip,
+        src.ip(),
         qp.peer_ip,
-        udp_sport(qp.qpn, qp.attr.dest_qp_num),
+        src.port(),
         qp.attr.ah_attr.udp_dport,
     )?;
     let bth = |opcode: Opcode, ack_req: bool, solicited: bool| BthRepr {

@@ -5,7 +5,7 @@
 //!
 //! Each check either passes or yields a [`Disposition`]; only `execute` touches memory.
 
-use std::net::IpAddr;
+use std::net::SocketAddr;
 
 use verbs_api::{
     AccessFlags, AsyncEventKind, EventElement, WcFlags, WcOpcode, WcStatus, WorkCompletion,
@@ -16,7 +16,6 @@ use super::tx::{self, TxError};
 use super::{Ctx, InMsg, Resource, ResourceKind, Response, packets};
 use crate::memory::AtomicOp;
 use crate::qp::{Qp, RecvWqe};
-use crate::wire::ip::udp_sport;
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, Position, Psn, RnrTimer,
     Syndrome,
@@ -576,14 +575,14 @@ fn duplicate(qp: &mut Qp, pkt: &PacketRepr<'_>) -> Disposition {
 pub(crate) fn next_packet(
     qp: &mut Qp,
     ctx: &mut Ctx<'_>,
-    src_ip: IpAddr,
+    src: SocketAddr,
     buf: &mut [u8],
 ) -> Option<usize> {
     let resp = *qp.rc.responses.front()?;
     let ip = tx::ip_context(
-        src_ip,
+        src.ip(),
         qp.peer_ip,
-        udp_sport(qp.qpn, qp.attr.dest_qp_num),
+        src.port(),
         qp.attr.ah_attr.udp_dport,
     )
     .ok()?;
@@ -712,7 +711,7 @@ pub(crate) fn next_packet(
                     // and answers nothing more (§4.3, §4.4; rxe RESPST_ERR_RKEY_VIOLATION).
                     qp.rc.responses.truncate(1);
                     qp.rc.resp_fatal = true;
-                    return next_packet(qp, ctx, src_ip, buf);
+                    return next_packet(qp, ctx, src, buf);
                 }
             }
             qp.rc.responses.pop_front();

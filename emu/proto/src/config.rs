@@ -86,6 +86,14 @@ pub struct HcaConfig {
     /// bound to `p`; the ICRC (which covers the UDP source port) is then computed for the
     /// port the packet really leaves from, so the driver never recomputes it.
     pub source_port: Option<u16>,
+    /// Peers whose IPv4 identification is unknown. The ICRC covers that field; softverbs
+    /// senders set it to 0, but Linux rxe and NICs number their datagrams, and a receiver on a
+    /// UDP socket cannot see it (rc-transport.md §1.8 addendum). When true, an IPv4 packet whose
+    /// ICRC does not match with identification 0 is accepted if some identification makes it
+    /// match ([`crate::wire::solve_ipv4_ident`]; counted in [`crate::Stats::icrc_ident_solved`]);
+    /// a corrupted packet is still dropped with probability 1 − 2⁻¹⁶. False (the default): the
+    /// identification must be 0, the full 32-bit check.
+    pub foreign_ipv4_ident: bool,
 }
 
 impl HcaConfig {
@@ -104,6 +112,7 @@ impl HcaConfig {
             limits: Limits::default(),
             seed,
             source_port: None,
+            foreign_ipv4_ident: false,
         }
     }
 

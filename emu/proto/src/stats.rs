@@ -36,6 +36,9 @@ pub struct Stats {
     pub rcvd_rnr_err: u64,
     /// Packets dropped for a bad ICRC (device only).
     pub icrc_errors: u64,
+    /// IPv4 packets whose ICRC matched only with a non-zero IPv4 identification, which was
+    /// solved for (`HcaConfig::foreign_ipv4_ident`; device only): traffic from rxe or a NIC.
+    pub icrc_ident_solved: u64,
     /// Packets dropped as malformed, for an unknown QP, a wrong state or a wrong source.
     pub dropped: u64,
     /// Transport retries exhausted (`retry_exceeded_err`).
@@ -68,6 +71,7 @@ impl AddAssign for Stats {
             send_rnr_err,
             rcvd_rnr_err,
             icrc_errors,
+            icrc_ident_solved,
             dropped,
             retry_exceeded_err,
             retry_rnr_exceeded_err,

@@ -2497,3 +2497,60 @@ fn recv_cq_overrun_moves_responder_qp_to_err() {
     );
     assert_eq!(p.a.state(), QpState::Err);
 }
+
+/// §1.8 addendum: a foreign sender (Linux rxe) puts a numbered IPv4 identification under its
+/// ICRC, which a UDP receiver cannot see. By default such a packet fails the check; with
+/// `foreign_ipv4_ident` the identification is solved for, the packet is delivered and counted
+/// in `icrc_ident_solved`, and a corrupted packet is still dropped.
+#[test]
+fn foreign_ipv4_ident_is_solved_only_when_configured() {
+    for foreign in [false, true] {
+        let mut p = Pair::with(Opts {
+            foreign_ident: foreign,
+            ..Opts::default()
+        });
+        let seal = |p: &Pair, psn: u32, payload: &[u8], ident: u16| {
+            let mut pkt = p.craft(
+                Dir::AtoB,
+                &PacketRepr::new(bth(SendOnly, p.b.qpn, psn, true), payload),
+            );
+            let mut ip = ip_ctx(pkt.src, pkt.dst);
+            if let IpAddrs::V4 { ident: id, .. } = &mut ip.addrs {
+                *id = ident;
+            }
+            emu_proto::wire::fill_icrc(&ip, &mut pkt.bytes).unwrap();
+            pkt
+        };
+        for (k, r) in [(1u64, 0u64), (2, 64), (3, 128)] {
+            let sge = p.b.at(r, 64);
+            p.b.post_recv(k, &[sge]);
+        }
+        // Sealed as rxe would: the ICRC over identification 0x4936.
+        let pkt = seal(&p, P, &[1, 2, 3, 4, 5], 0x4936);
+        p.inject_pkt(&pkt);
+        let s = p.b.hca.stats();
+        let wcs = p.b.recv_wcs();
+        if foreign {
+            assert_eq!((s.icrc_errors, s.icrc_ident_solved), (0, 1));
+            assert_eq!(wcs.len(), 1);
+            assert_eq!((wcs[0].status, wcs[0].byte_len), (WcStatus::Success, 5));
+        } else {
+            assert_eq!((s.icrc_errors, s.icrc_ident_solved), (1, 0));
+            assert!(wcs.is_empty());
+        }
+        // A corrupted foreign packet is dropped either way.
+        let psn = if foreign { P + 1 } else { P };
+        let mut bad = seal(&p, psn, &[6, 7, 8, 9], 0x0102);
+        let at = bad.bytes.len() - 6;
+        bad.bytes[at] ^= 0x10;
+        p.inject_pkt(&bad);
+        let s2 = p.b.hca.stats();
+        assert_eq!(s2.icrc_errors, s.icrc_errors + 1, "foreign {foreign}");
+        assert_eq!(s2.icrc_ident_solved, s.icrc_ident_solved);
+        // A packet with identification 0 verifies directly and is not counted as solved.
+        let good = seal(&p, psn, &[6], 0);
+        p.inject_pkt(&good);
+        assert_eq!(p.b.hca.stats().icrc_ident_solved, s.icrc_ident_solved);
+        assert_eq!(p.b.recv_wcs().len(), 1);
+    }
+}

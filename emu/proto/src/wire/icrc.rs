@@ -14,16 +14,19 @@
 //! Since the IP/UDP headers are not part of the bytes this codec sees, [`compute_icrc`] rebuilds
 //! them from an [`IpContext`] with the sender-side values documented in [`super::ip`] (notably
 //! IPv4 identification = `ident`, DF set, no options). A peer whose headers differ in a covered
-//! field (e.g. rxe's non-zero IP ID) needs [`icrc_over_headers`] with its real headers, or its
-//! ICRC cannot be checked (§1.8 addendum).
+//! field needs [`icrc_over_headers`] with its real headers; for the one such field a UDP receiver
+//! cannot see, the IPv4 identification that rxe and NICs set, [`solve_ipv4_ident`] checks the
+//! ICRC up to that unknown field (§1.8 addendum).
 //!
 //! Fuzzing: when compiled with `cfg(fuzzing)`, [`check_icrc`] accepts every ICRC so that fuzzers
 //! reach the code behind it. [`compute_icrc`] and [`fill_icrc`] are unaffected.
 
 use crc32fast::Hasher;
 
+use core::net::Ipv4Addr;
+
 use super::ip::{IPV4_HEADER_LEN, IPV6_HEADER_LEN, MAX_HEADERS_LEN, UDP_HEADER_LEN};
-use super::{BTH_LEN, IpContext, WireError, read};
+use super::{BTH_LEN, IpAddrs, IpContext, WireError, read};
 
 /// ICRC length in bytes.
 pub const ICRC_LEN: usize = 4;
@@ -117,13 +120,90 @@ pub fn check_icrc(ip: &IpContext, udp_payload: &[u8]) -> Result<(), WireError> {
     }
 }
 
+/// How the ICRC of an IPv4 RoCEv2 packet whose UDP payload is `udp_payload_len` bytes long
+/// depends on its IPv4 identification: setting bit `k` of the identification flips the ICRC
+/// bits `basis[k]`. CRC-32 is affine, so this does not depend on any other byte of the packet,
+/// only on the length. Errors: as [`compute_icrc`] (`udp_payload_len` below BTH + ICRC).
+pub fn ipv4_ident_basis(udp_payload_len: usize) -> Result<[u32; 16], WireError> {
+    let zeros = vec![0u8; udp_payload_len];
+    let at = |ident: u16| {
+        let ip = IpContext {
+            addrs: IpAddrs::V4 {
+                src: Ipv4Addr::UNSPECIFIED,
+                dst: Ipv4Addr::UNSPECIFIED,
+                ident,
+            },
+            src_port: 0,
+            dst_port: 0,
+        };
+        compute_icrc(&ip, &zeros)
+    };
+    let base = at(0)?;
+    let mut basis = [0u32; 16];
+    for (k, b) in basis.iter_mut().enumerate() {
+        *b = at(1 << k)? ^ base;
+    }
+    Ok(basis)
+}
+
+/// For an IPv4 packet from a sender whose IPv4 identification is unknown (Linux rxe and NICs
+/// number their datagrams; a UDP socket cannot see the field, yet the ICRC covers it:
+/// rc-transport.md §1.8 addendum): the identification that makes the stored ICRC of
+/// `udp_payload` match, if there is one, given `ip` (its own `ident` is ignored) and the
+/// [`ipv4_ident_basis`] of the payload's length. `Ok(None)` means no identification explains
+/// the ICRC: the packet is corrupt. A random corruption still fails this check with
+/// probability 1 − 2⁻¹⁶ (16 of the ICRC's 32 bits are spent on the unknown field).
+/// Errors: as [`compute_icrc`]; [`WireError::BadIpHeader`] (0x60) for an IPv6 context, which
+/// has no identification.
+pub fn solve_ipv4_ident(
+    ip: &IpContext,
+    udp_payload: &[u8],
+    basis: &[u32; 16],
+) -> Result<Option<u16>, WireError> {
+    let IpAddrs::V4 { src, dst, .. } = ip.addrs else {
+        return Err(WireError::BadIpHeader(0x60));
+    };
+    let with = |ident: u16| IpContext {
+        addrs: IpAddrs::V4 { src, dst, ident },
+        ..*ip
+    };
+    let computed = compute_icrc(&with(0), udp_payload)?;
+    // compute_icrc succeeded, so at least BTH + ICRC bytes are present.
+    let stored = u32::from_le_bytes(read(udp_payload, udp_payload.len() - ICRC_LEN));
+    // Gaussian elimination over GF(2): pivots by highest set bit, each with the combination of
+    // identification bits that produced it.
+    let mut pivots = [(0u32, 0u16); 32];
+    for (k, &b) in basis.iter().enumerate() {
+        let (mut v, mut bits) = (b, 1u16 << k);
+        while v != 0 {
+            let top = (31 - v.leading_zeros()) as usize;
+            if pivots[top].0 == 0 {
+                pivots[top] = (v, bits);
+                break;
+            }
+            v ^= pivots[top].0;
+            bits ^= pivots[top].1;
+        }
+    }
+    let (mut v, mut ident) = (computed ^ stored, 0u16);
+    while v != 0 {
+        let top = (31 - v.leading_zeros()) as usize;
+        if pivots[top].0 == 0 {
+            return Ok(None);
+        }
+        v ^= pivots[top].0;
+        ident ^= pivots[top].1;
+    }
+    // Confirm with the real computation (guards the algebra, costs one CRC).
+    Ok((compute_icrc(&with(ident), udp_payload)? == stored).then_some(ident))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use core::net::Ipv4Addr;
+    use core::net::Ipv6Addr;
 
     use super::*;
-    use crate::wire::IpAddrs;
 
     fn hex(s: &str) -> Vec<u8> {
         let s: String = s.split_whitespace().collect();
@@ -218,6 +298,51 @@ mod tests {
         assert_eq!(icrc_over_headers(&other, &payload), Ok(a));
         other[39] = 3;
         assert_ne!(icrc_over_headers(&other, &payload), Ok(a));
+    }
+
+    #[test]
+    fn unknown_ipv4_ident_is_solved_and_corruption_still_caught() {
+        let uc_ctx = |ident| IpContext {
+            addrs: IpAddrs::V4 {
+                src: Ipv4Addr::new(192, 168, 0, 7),
+                dst: Ipv4Addr::new(192, 168, 0, 7),
+                ident,
+            },
+            src_port: 0xC000,
+            dst_port: 4791,
+        };
+        // The published UC vector was sealed with identification 0x0478.
+        let uc = with_icrc(UC_PAYLOAD, [0x78, 0xF3, 0x53, 0xF3]);
+        let basis = ipv4_ident_basis(uc.len()).unwrap();
+        assert_eq!(solve_ipv4_ident(&uc_ctx(0), &uc, &basis), Ok(Some(0x0478)));
+        // Every identification is recovered, for several lengths.
+        for len in [16usize, 40, 1500, 4124] {
+            let mut p = vec![0x5A; len];
+            p[..12].copy_from_slice(&hex(UC_PAYLOAD)[..12]);
+            let basis = ipv4_ident_basis(len).unwrap();
+            for ident in [0u16, 1, 0x4936, 0x8000, 0xFFFF] {
+                fill_icrc(&uc_ctx(ident), &mut p).unwrap();
+                assert_eq!(
+                    solve_ipv4_ident(&uc_ctx(0x1234), &p, &basis),
+                    Ok(Some(ident)),
+                    "len {len}"
+                );
+            }
+        }
+        // Any single flipped bit of the payload (past the masked BTH byte) is still caught.
+        let mut caught = 0;
+        let mut flipped = uc.clone();
+        for bit in 8 * 5..8 * (uc.len() - ICRC_LEN) {
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            if solve_ipv4_ident(&uc_ctx(0), &flipped, &basis) == Ok(None) {
+                caught += 1;
+            }
+            flipped[bit / 8] ^= 1 << (bit % 8);
+        }
+        assert_eq!(caught, 8 * (uc.len() - ICRC_LEN - 5), "every single-bit flip");
+        let v6 = IpContext::v6(Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST, 1);
+        assert!(solve_ipv4_ident(&v6, &uc, &basis).is_err());
+        assert!(ipv4_ident_basis(3).is_err());
     }
 
     #[test]

@@ -127,6 +127,8 @@ pub(crate) struct Opts {
     pub(crate) sq_sig_all: bool,
     /// Capacity of each node's receive CQ.
     pub(crate) recv_cq_depth: u32,
+    /// `HcaConfig::foreign_ipv4_ident` of both nodes.
+    pub(crate) foreign_ident: bool,
 }
 
 impl Default for Opts {
@@ -152,6 +154,7 @@ impl Default for Opts {
             },
             sq_sig_all: false,
             recv_cq_depth: 1024,
+            foreign_ident: false,
         }
     }
 }
@@ -187,7 +190,9 @@ pub(crate) struct Node {
 
 impl Node {
     fn new(name: &str, ip: Ipv4Addr, seed: u64, opts: &Opts) -> Node {
-        let mut hca = Hca::new(HcaConfig::new(name, Gid::from_ip(ip.into()), seed));
+        let mut config = HcaConfig::new(name, Gid::from_ip(ip.into()), seed);
+        config.foreign_ipv4_ident = opts.foreign_ident;
+        let mut hca = Hca::new(config);
         let pd = hca.alloc_pd().unwrap();
         let scq = hca.create_cq(1024, None).unwrap();
         let rcq = hca.create_cq(opts.recv_cq_depth, None).unwrap();

@@ -209,12 +209,7 @@ fn build(
     let t = wqe.tx;
     let i = t.next_pkt;
     let psn = t.first_psn.wrapping_add(i);
-    let ip = tx::ip_context(
-        src.ip(),
-        qp.peer_ip,
-        src.port(),
-        qp.attr.ah_attr.udp_dport,
-    )?;
+    let ip = tx::ip_context(src.ip(), qp.peer_ip, src.port(), qp.attr.ah_attr.udp_dport)?;
     let bth = |opcode: Opcode, ack_req: bool, solicited: bool| BthRepr {
         opcode,
         solicited,

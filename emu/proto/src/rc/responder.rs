@@ -579,13 +579,7 @@ pub(crate) fn next_packet(
     buf: &mut [u8],
 ) -> Option<usize> {
     let resp = *qp.rc.responses.front()?;
-    let ip = tx::ip_context(
-        src.ip(),
-        qp.peer_ip,
-        src.port(),
-        qp.attr.ah_attr.udp_dport,
-    )
-    .ok()?;
+    let ip = tx::ip_context(src.ip(), qp.peer_ip, src.port(), qp.attr.ah_attr.udp_dport).ok()?;
     let msn = qp.rc.msn;
     let bth = |opcode: Opcode, psn: Psn| BthRepr {
         opcode,

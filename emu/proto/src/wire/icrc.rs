@@ -339,7 +339,11 @@ mod tests {
             }
             flipped[bit / 8] ^= 1 << (bit % 8);
         }
-        assert_eq!(caught, 8 * (uc.len() - ICRC_LEN - 5), "every single-bit flip");
+        assert_eq!(
+            caught,
+            8 * (uc.len() - ICRC_LEN - 5),
+            "every single-bit flip"
+        );
         let v6 = IpContext::v6(Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST, 1);
         assert!(solve_ipv4_ident(&v6, &uc, &basis).is_err());
         assert!(ipv4_ident_basis(3).is_err());

@@ -41,9 +41,7 @@ pub use atomic_ack_eth::{AtomicAckEth, AtomicAckEthRepr};
 pub use atomic_eth::{AtomicEth, AtomicEthRepr};
 pub use bth::{Bth, BthRepr};
 pub use deth::{Deth, DethRepr};
-pub use icrc::{
-    ICRC_LEN, check_icrc, compute_icrc, fill_icrc, ipv4_ident_basis, solve_ipv4_ident,
-};
+pub use icrc::{ICRC_LEN, check_icrc, compute_icrc, fill_icrc, ipv4_ident_basis, solve_ipv4_ident};
 pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};
 pub use ip::{IpAddrs, IpContext, ROCE_V2_UDP_PORT};

@@ -2554,3 +2554,70 @@ fn foreign_ipv4_ident_is_solved_only_when_configured() {
         assert_eq!(p.b.recv_wcs().len(), 1);
     }
 }
+
+/// §2.8 / rxe `check_psn`: an error NAK for a PSN *after* a READ whose responses were lost says
+/// nothing about the READ itself: the requester retries the READ instead of failing it with the
+/// NAK's status. Here the responder entered ERR with that NAK (class C, an R_Key violation), so
+/// the retried READ meets silence and ends in RETRY_EXC_ERR, the WRITE is flushed — what rxe
+/// reports; failing the READ with REM_ACCESS_ERR would blame the wrong WR.
+#[test]
+fn error_nak_past_a_read_with_lost_responses_retries_the_read() {
+    let mut p = Pair::with(Opts {
+        retry_cnt: 1,
+        ..Opts::default()
+    });
+    let remote = pattern(100, 9);
+    p.b.write(&p.b.mr, 0, &remote);
+    let (va, rkey) = (p.b.va(0), p.b.mr.rkey);
+    // The only READ response is lost.
+    p.set_filter(move |pkt| {
+        if pkt.dir == Dir::BtoA && pkt.repr().bth.opcode == RdmaReadResponseOnly {
+            Action::Drop
+        } else {
+            Action::Deliver
+        }
+    });
+    let dst = p.a.at(0, 100);
+    let src = p.a.at(1000, 8);
+    p.post_a(&[
+        SendWr::new(
+            1,
+            SendOp::RdmaRead {
+                remote_addr: va,
+                rkey,
+            },
+            &[dst],
+        ),
+        // A WRITE to an rkey that does not exist: NAK 0x62 for PSN P + 1.
+        SendWr::new(
+            2,
+            SendOp::RdmaWrite {
+                remote_addr: va,
+                rkey: rkey ^ 0xFF,
+            },
+            &[src],
+        ),
+    ]);
+    assert!(p.run_until_idle());
+    let back = p.seen(Dir::BtoA);
+    assert!(
+        back.iter().any(
+            |s| s.psn == P + 1 && s.syndrome == Some(Syndrome::Nak(NakCode::RemoteAccessError))
+        ),
+        "{back:?}"
+    );
+    let reads = p
+        .seen(Dir::AtoB)
+        .iter()
+        .filter(|s| s.op == RdmaReadRequest)
+        .count();
+    assert!(
+        reads >= 2,
+        "the READ was retried after the NAK ({reads} sent)"
+    );
+    assert_eq!(
+        statuses(&p.a.send_wcs()),
+        [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(p.a.state(), QpState::Err);
+}

@@ -54,7 +54,18 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
             }
             Some(Syndrome::Nak(code)) => {
                 ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
-                fail_head(qp, ctx, nak_status(code))
+                // A NAK past a READ/atomic still waiting for its responses: they were lost
+                // (ack_through started the retry), and the NAK names a later WR, not the head
+                // (§2.8; rxe `check_psn` → COMPST_ERROR_RETRY). The retried sequence meets the
+                // error again at its request, or the retry budget runs out.
+                let head_pending = qp.sq.front().is_some_and(|h| {
+                    h.tx.started && h.op.is_read_or_atomic() && psn.is_after(h.tx.last_psn())
+                });
+                if head_pending {
+                    Verdict::Done
+                } else {
+                    fail_head(qp, ctx, nak_status(code))
+                }
             }
             _ => {
                 qp.rc.stats.dropped += 1;

@@ -1,13 +1,249 @@
-//! `softverbs demo`: two devices, one RC QP on each, connected RESET → RTS, their attributes
+//! `softverbs demo`: the fault-injection harness in one command. Three node processes, each an
+//! emulated RoCEv2 device on UDP loopback, run the `mixed` workload (RDMA WRITE, SEND with
+//! immediate, READ and FETCH_ADD between every pair) while every datagram is dropped with 5 %
+//! probability and node 1 is stopped (SIGSTOP) for 200 ms and resumed — the plan
+//! `harness/plans/demo.toml`, built into the binary. Afterwards the harness checks from the
+//! nodes' memory-region files and completion logs that every operation a sender saw succeed
+//! left exactly its bytes at the target, once and in order, and prints a verified summary.
+//!
+//! `softverbs demo --pair` is the earlier, smaller demo ([`run`]): two devices of the
+//! `SOFTVERBS_PROVIDER` provider, one RC QP on each, connected RESET → RTS, their attributes
 //! printed, then an RDMA WRITE and a SEND with immediate data whose completions and delivered
 //! bytes are printed. Written against `verbs_api::Context` only, so it runs on any backend.
 
 use std::io::{self, Write};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use verbs_api::{
-    CompletionQueue, Context, Error, ErrorKind, MemoryRegion, QpCap, QpInitAttr, QueuePair,
+    CompletionQueue, Context, Device, Error, ErrorKind, MemoryRegion, QpCap, QpInitAttr, QueuePair,
     RcConnectOptions, RecvWr, Result, SendOp, SendWr, WorkCompletion, connect_rc,
 };
+
+use crate::run::report::{Report, render};
+use crate::run::{EXIT_HARNESS, EXIT_PASS, EXIT_VIOLATION, Options, Progress, RunArgs, Workload};
+
+/// The demo's fault plan (`harness/plans/demo.toml`): 5 % loss, node 1 paused for 200 ms at
+/// 500 ms.
+pub const DEMO_PLAN: &str = include_str!("../plans/demo.toml");
+
+/// Where the demo plan lives in the source tree (named in the replay command).
+pub const DEMO_PLAN_PATH: &str = "harness/plans/demo.toml";
+
+fn demo_duration(s: &str) -> std::result::Result<Duration, String> {
+    let d = crate::run::plan::parse_duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err("the demo needs at least 1s: node 1 is paused at 500ms for 200ms".into());
+    }
+    Ok(d)
+}
+
+/// Flags of `softverbs demo`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DemoArgs {
+    /// The two-device demo instead: connect an RC QP pair between two devices of the
+    /// SOFTVERBS_PROVIDER provider (default: the in-process emulator), print their
+    /// attributes, then a WRITE and a SEND with their completions.
+    #[arg(long, conflicts_with_all = ["duration", "seed", "run_dir", "report"])]
+    pub pair: bool,
+    /// How long the workload runs (at least 1s).
+    #[arg(long, default_value = "2s", value_parser = demo_duration)]
+    pub duration: Duration,
+    /// Seed of the workload and the loss.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Keep the evidence (MR files, logs) in this directory, which must be empty or absent
+    /// (default: a temporary directory, removed when the demo passes).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// Write the run's JSON report here.
+    #[arg(long, value_name = "FILE.json")]
+    pub report: Option<PathBuf>,
+}
+
+/// Runs `softverbs demo`; returns the exit code: 0 the demo passed (every invariant held and
+/// every fault of the plan was applied), 1 it did not, 2 invalid flags, 3 the nodes could not
+/// be started.
+pub fn main(args: &DemoArgs) -> u8 {
+    if args.pair {
+        return match pair_from_env(&mut io::stdout().lock()) {
+            Ok(()) => EXIT_PASS,
+            Err(e) => {
+                eprintln!("softverbs demo: {e}");
+                EXIT_VIOLATION
+            }
+        };
+    }
+    let run_args = RunArgs {
+        nodes: 3,
+        workload: Workload::Mixed,
+        faults: Some(PathBuf::from(DEMO_PLAN_PATH)),
+        seed: Some(args.seed),
+        duration: Some(args.duration),
+        ops: None,
+        report: None,
+        pcap_dir: None,
+        run_dir: args.run_dir.clone(),
+        qp_timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        slack: Duration::from_millis(500),
+        timeout: Some(args.duration + Duration::from_secs(30)),
+        self_test_corrupt: false,
+    };
+    println!(
+        "softverbs demo: 3 node processes, each an emulated RoCEv2 device on UDP loopback, run\n\
+         the mixed workload (RDMA WRITE, SEND with immediate, READ, FETCH_ADD between every pair)\n\
+         for {}, while every datagram is dropped with 5 % probability and node 1 is stopped\n\
+         (SIGSTOP) for 200 ms at 500 ms, then resumed ({DEMO_PLAN_PATH}). Afterwards every\n\
+         operation is checked against the nodes' memory files and completion logs.\n",
+        crate::run::plan::format_duration(args.duration)
+    );
+    let opts = Options {
+        plan_text: Some(DEMO_PLAN.to_owned()),
+        quiet: true,
+        progress: Progress::Stderr,
+    };
+    let report = match crate::run::execute(&run_args, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("softverbs demo: {e}");
+            return e.exit_code();
+        }
+    };
+    print!("{}", render(&report));
+    if let Some(path) = &args.report {
+        if let Err(e) = crate::run::orchestrator::write_report(&report, path) {
+            eprintln!("softverbs demo: {e}");
+            return EXIT_HARNESS;
+        }
+    }
+    let (mut lines, passed) = verdict(&report);
+    if passed && args.run_dir.is_none() {
+        // The temporary directory this run created, and nothing else.
+        if std::fs::remove_dir_all(&report.run_dir).is_ok() {
+            lines.insert(
+                lines.len() - 1,
+                "evidence removed (keep it with --run-dir DIR)".to_owned(),
+            );
+        }
+    }
+    println!();
+    for line in &lines {
+        println!("demo: {line}");
+    }
+    if passed { EXIT_PASS } else { EXIT_VIOLATION }
+}
+
+/// The demo's own verdict on a run's report: what was verified, in a few lines, and whether
+/// the demo passed — every invariant held, operations completed, the loss was injected and
+/// recovered from, and the pause was applied.
+pub fn verdict(r: &Report) -> (Vec<String>, bool) {
+    let mut lines = Vec::new();
+    let mut ok = r.passed;
+    let ops: u64 = r.node_reports.iter().map(|n| n.ops_ok).sum();
+    let errors: u64 = r
+        .node_reports
+        .iter()
+        .flat_map(|n| n.completions.iter())
+        .filter(|(k, _)| k.as_str() != "IBV_WC_SUCCESS")
+        .map(|(_, v)| v)
+        .sum();
+    let dropped: u64 = r
+        .node_reports
+        .iter()
+        .filter_map(|n| n.injected)
+        .map(|f| f.dropped)
+        .sum();
+    let sent: u64 = r
+        .node_reports
+        .iter()
+        .filter_map(|n| n.stats)
+        .map(|s| s.sent_pkts)
+        .sum();
+    let retransmits: u64 = r
+        .node_reports
+        .iter()
+        .filter_map(|n| n.stats)
+        .map(|s| s.retransmits_timeout + s.retransmits_nak)
+        .sum();
+    let checked: u64 = r
+        .invariants
+        .iter()
+        .filter(|i| {
+            matches!(
+                i.name.as_str(),
+                "write-data" | "send-data" | "read-data" | "atomic-exactly-once"
+            )
+        })
+        .map(|i| i.checked)
+        .sum();
+    if ops == 0 {
+        ok = false;
+        lines.push("no operation completed".to_owned());
+    } else {
+        lines.push(format!(
+            "{ops} operations completed; {checked} results checked byte for byte in the \
+             targets' memory files: none lost, none duplicated, none out of order"
+        ));
+    }
+    if dropped == 0 {
+        ok = false;
+        lines.push("no datagram was dropped: the loss was not injected".to_owned());
+    } else {
+        lines.push(format!(
+            "{dropped} of {sent} datagrams dropped ({:.1} %), recovered by {retransmits} \
+             retransmissions, with {errors} error completions",
+            dropped as f64 * 100.0 / sent.max(1) as f64
+        ));
+    }
+    match r.process_faults.first() {
+        Some(f) if f.status == "applied" => lines.push(format!(
+            "node 1 was stopped at {} ms for 200 ms and caught up after SIGCONT",
+            f.applied_at_ms.unwrap_or(0)
+        )),
+        Some(f) => {
+            ok = false;
+            lines.push(format!(
+                "the pause was not applied: {}",
+                f.note.as_deref().unwrap_or(&f.status)
+            ));
+        }
+        None => {
+            ok = false;
+            lines.push("the plan has no pause".to_owned());
+        }
+    }
+    let held = r.invariants.iter().filter(|i| i.passed()).count();
+    lines.push(format!("{held} of {} invariants held", r.invariants.len()));
+    lines.push(if ok {
+        "PASS".to_owned()
+    } else {
+        format!("FAIL (replay: {})", r.replay)
+    });
+    (lines, ok)
+}
+
+/// The two-device demo on the provider named by `SOFTVERBS_PROVIDER` (default: `emu`): opens
+/// its first two devices and runs [`run`] on them, writing to `out`.
+///
+/// Errors: the provider is unknown or has fewer than two devices, or any error of [`run`].
+pub fn pair_from_env(out: &mut dyn Write) -> Result<()> {
+    let registry = crate::registry();
+    let provider = std::env::var(verbs_api::dynamic::PROVIDER_ENV).unwrap_or_else(|_| "emu".into());
+    let devices = registry.devices(&provider)?;
+    let [a, b, ..] = devices.as_slice() else {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "provider {provider} has {} device(s); the demo needs two",
+                devices.len()
+            ),
+        ));
+    };
+    let (a, b) = (a.open()?, b.open()?);
+    run(&a, &b, out)
+}
 
 /// Connects a QP on `a` with a QP on `b` and writes a report to `out`.
 ///

@@ -35,6 +35,7 @@ pub mod capture;
 pub struct ReadmeDoctests;
 
 pub mod demo;
+pub mod interop;
 pub mod perf;
 pub mod run;
 

@@ -1,8 +1,36 @@
-//! The progress engine of one device: the HCA behind a mutex, and the thread that moves its
-//! packets and timers.
+//! The progress engine of one device: the HCA behind a mutex, the socket side behind another,
+//! and the thread that moves packets and timers when no application thread does.
 //!
-//! Application threads lock [`Core`] briefly to run a verbs command on the HCA, then ring the
-//! doorbell (a [`mio::Waker`]) if the thread is parked. The thread loops:
+//! # Who runs the engine
+//!
+//! Run-to-completion where it pays, the progress thread for everything else:
+//!
+//! - **Verbs commands** (post, modify, destroy, …) lock [`Io`] (without waiting: if another
+//!   thread holds it, the command leaves its packets to that thread), then the [`DevState`],
+//!   run the command, pull up to [`TX_BATCH`] packets from [`Hca::poll_transmit`] and send
+//!   them from the caller's thread, through exactly the path the thread uses (ICRC fix-up,
+//!   send-side faults, capture, GSO). The doorbell (a [`mio::Waker`]) rings only when the
+//!   thread has to act: packets are left over, a device-to-itself packet waits to be fed
+//!   back, or a timer deadline (engine or delayed datagram) moved earlier than the one the
+//!   parked thread sleeps on. While traffic moves the thread never sleeps longer than
+//!   [`ACTIVE_TICK`], so a retransmission timer a post arms (milliseconds away) rings
+//!   nothing. A `post_send` right after another one ([`Core::post`]) sends nothing itself:
+//!   bursts go out in batches from the next pass.
+//! - **Polling application threads**: a `poll_cq` that finds the CQ empty and an MR read
+//!   ([`Core::app_poll`]) run one nonblocking pass (steps 1–4 below) in the caller's thread,
+//!   if no one else holds [`Io`]. While one has polled within [`POLL_HANDOFF`] the thread
+//!   sleeps with the socket taken out of its poller (no wake-up per datagram); a thread about
+//!   to sleep on a completion channel hands the device back at once ([`Core::app_sleeps`]).
+//!   If such a pass has nothing but ACKs to send, they wait for the caller's next call on the
+//!   device and leave after the packets that call makes ([`Io::release_acks`]): the
+//!   application sees what arrived one `sendto` earlier and its answer is not queued behind
+//!   an ACK.
+//! - **The progress thread** does everything else: it waits in `epoll_wait` (through mio) for
+//!   a datagram, the doorbell, writability or the next deadline, so an idle device costs no
+//!   CPU; in busy-poll mode ([`Core::busy_poll`]) it spins instead while no application
+//!   thread polls. One spinning thread per process, not two.
+//!
+//! # One pass
 //!
 //! 1. receive up to [`RX_BATCH`] datagrams: `recvmmsg` through `quinn-udp` (up to
 //!    [`quinn_udp::BATCH_SIZE`] buffers per call) until `WouldBlock`; with `UDP_GRO` a buffer
@@ -10,40 +38,51 @@
 //! 2. without the device lock: pass each received datagram through the receive-side fault
 //!    stage (datagrams it passes unchanged stay in the receive buffer; the others are copied
 //!    into pooled buffers, delayed, held or duplicated);
-//! 3. with the lock held: feed them to [`Hca::handle_datagram`], fire due timers, pull up to
-//!    [`TX_BATCH`] packets from [`Hca::poll_transmit`], deliver channel notifications and async
-//!    events, read the next timer deadline;
-//! 4. without the lock: rewrite each packet's ICRC for the socket's real source port, pass it
-//!    through the send-side fault stage, and write it: with GSO on, each run of datagrams to
-//!    one destination of equal size (the last may be shorter) goes out in one `sendmsg` with
-//!    `UDP_SEGMENT`, otherwise one `send_to` per datagram (on `WouldBlock` the packets stay
-//!    queued, the socket is armed for writability and no new packet is pulled until it
-//!    drains; a GSO send the kernel refuses with `EIO`/`EINVAL` turns GSO off for the socket
-//!    and its datagrams go out one by one);
-//! 5. wait in [`Poll::poll`] until a datagram, the doorbell, writability or the next deadline
-//!    (engine timer or delayed datagram of either direction) — or not at all if a batch limit
-//!    left work behind, or in busy-poll mode.
+//! 3. with the device lock held: feed them to [`Hca::handle_datagram`], fire due timers, pull
+//!    up to [`TX_BATCH`] packets from [`Hca::poll_transmit`], deliver channel notifications
+//!    and async events, read the next timer deadline;
+//! 4. without the device lock: rewrite each packet's ICRC if the engine signed it for another
+//!    source port, pass it through the send-side fault stage, and write it: with GSO on, each
+//!    run of datagrams to one destination of equal size (the last may be shorter) goes out in
+//!    one `sendmsg` with `UDP_SEGMENT`, otherwise one `send_to` per datagram (on `WouldBlock`
+//!    the packets stay queued, the socket is armed for writability and no new packet is
+//!    pulled until it drains; a GSO send the kernel refuses with `EIO`/`EINVAL` turns GSO off
+//!    for the socket and its datagrams go out one by one);
+//! 5. (the thread only) wait in [`Poll::poll`] until a datagram, the doorbell, writability or
+//!    the next deadline (engine timer or delayed datagram of either direction) — or not at all
+//!    if a batch limit left work behind, or in busy-poll mode; or, while application threads
+//!    poll, sleep up to [`POLL_HANDOFF`] with the socket out of the poller.
+//!
+//! # Locks and the parking protocol
+//!
+//! Lock order: [`Io`], then [`DevState`], then the fault configuration, then a capture. The
+//! thread holds [`Io`] for a whole pass and decides to park while still holding it, so a
+//! thread that holds [`Io`] sees the thread either parked (on `Io::sleep_until`) or about to
+//! run a full pass. A command that could not get [`Io`] sets `Core::dirty` (under the device
+//! lock); the thread clears it when it pulls, and re-checks it after announcing `parked`
+//! (sequentially consistent on both sides, so either the thread sees the flag or the command
+//! sees the thread parked and rings).
 //!
 //! Packet buffers come from a pool and keep their full length while in use (a datagram's
 //! length is carried next to its buffer), so no buffer is cleared or resized per packet.
 //!
 //! Datagrams addressed to the device itself skip the socket (rxe's loopback) and are fed back
-//! on the next iteration; the receive-side fault stage does not see them.
+//! on the next pass; the receive-side fault stage does not see them.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind as IoKind, IoSliceMut};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
-use emu_proto::wire::IpContext;
 use emu_proto::wire::fill_icrc;
+use emu_proto::wire::{IpContext, Opcode};
 use emu_proto::{ChannelId, Hca, HcaConfig, Instant};
 use emu_sim::internals::ChannelShared;
 use mio::net::UdpSocket;
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 use verbs_api::{Error, ErrorKind, Result};
 
@@ -52,13 +91,24 @@ use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool, passes};
 use crate::socket::{Bound, SocketInfo};
 use emu_sim::internals::NodeMemory as DeviceMemory;
 
-/// Datagrams received per loop iteration at most (the bound on work per wake-up). Each receive
-/// call asks for at most as many buffers as datagrams are still missing, so without UDP GRO
-/// the bound is exact; with GRO a buffer may hold a batch of up to 64 datagrams of one flow
+/// Datagrams received per pass at most (the bound on work per wake-up). Each receive call
+/// asks for at most as many buffers as datagrams are still missing, so without UDP GRO the
+/// bound is exact; with GRO a buffer may hold a batch of up to 64 datagrams of one flow
 /// (64 KiB), never split, and the last call may read that many more.
 pub const RX_BATCH: usize = 64;
-/// Packets pulled from the engine per loop iteration at most.
+/// Packets pulled from the engine per pass (or per verbs call sending inline) at most.
 pub const TX_BATCH: usize = 64;
+/// While an application thread has polled a device (a `poll` that found a CQ empty, an MR
+/// `read`) within this time, the device's progress runs in the polling threads and the
+/// progress thread sleeps with the socket out of its poller; after it, the thread takes over
+/// again (and spins in busy-poll mode). An application thread that goes to sleep on a
+/// completion channel of the device hands over at once.
+pub const POLL_HANDOFF: Duration = Duration::from_millis(1);
+/// The longest the progress thread sleeps while traffic moves (a pass, or a verbs call, sent
+/// or received something since it last parked): a timer a verbs call arms further away than
+/// this needs no doorbell. Once a whole tick passes without traffic the thread sleeps until
+/// the next deadline (forever if none).
+pub(crate) const ACTIVE_TICK: Duration = Duration::from_millis(1);
 /// Receive buffer per datagram without GRO: larger than any packet the engine builds, so a
 /// longer datagram arrives truncated and fails its ICRC check.
 const RX_BUF_LEN: usize = 16 * 1024;
@@ -79,7 +129,7 @@ const DOORBELL: Token = Token(1);
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DriverStats {
-    /// Iterations of the progress loop (each wake-up counts one).
+    /// Iterations of the progress thread's loop (each wake-up counts one).
     pub wakeups: u64,
     /// Datagrams read from the socket (each datagram of a GRO buffer counts).
     pub datagrams_received: u64,
@@ -114,6 +164,17 @@ pub struct DriverStats {
     pub gso_refused: u64,
     /// Receive buffers that held more than one datagram (UDP GRO).
     pub gro_receives: u64,
+    /// Verbs calls (`post_send`, `modify`, …) that sent the packets they made ready from the
+    /// caller's thread, without waking the progress thread.
+    pub inline_sends: u64,
+    /// Times a verbs call rang the progress thread's doorbell (packets left over, a timer
+    /// earlier than the thread's sleep, the socket side busy while the thread was parked, or
+    /// an application thread that drove the device going to sleep on a completion channel).
+    pub doorbells: u64,
+    /// Progress passes (receive, engine, send, timers) run by application threads polling the
+    /// device: a CQ poll that found the CQ empty, an MR read (see
+    /// [`crate::UdpContext::set_busy_poll`]).
+    pub app_passes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -133,6 +194,9 @@ struct AtomicStats {
     gso_sends: AtomicU64,
     gso_refused: AtomicU64,
     gro_receives: AtomicU64,
+    inline_sends: AtomicU64,
+    doorbells: AtomicU64,
+    app_passes: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
@@ -148,8 +212,6 @@ pub(crate) struct DevState {
     pub(crate) events: emu_proto::EventRouter,
     /// The latest `now` handed to the HCA: engine time never goes backwards.
     last_now: Instant,
-    /// The thread is about to wait (or waits): the next command must ring the doorbell.
-    parked: bool,
 }
 
 impl DevState {
@@ -178,10 +240,20 @@ fn clock(epoch: StdInstant) -> Instant {
     Instant::from_nanos(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
 }
 
+/// The earlier of two optional deadlines (`None` is "never").
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The state shared by the application and the progress thread of one device.
 #[derive(Debug)]
 pub(crate) struct Core {
     state: Mutex<DevState>,
+    /// The socket side; `None` once the progress thread stopped (the socket is closed).
+    io: Mutex<Option<Io>>,
     waker: Waker,
     epoch: StdInstant,
     info: SocketInfo,
@@ -192,10 +264,23 @@ pub(crate) struct Core {
     release_held: AtomicBool,
     stats: AtomicStats,
     faults: Mutex<FaultConfig>,
-    /// The pcap capture the device writes to, and a counter bumped on every change (the
-    /// progress thread re-reads the capture only when it moved).
+    /// The pcap capture the device writes to, and a counter bumped on every change (whoever
+    /// sends or receives re-reads the capture only when it moved).
     capture: Mutex<Option<Arc<Capture>>>,
     capture_gen: AtomicU64,
+    /// The thread waits (or is about to) for a datagram, the doorbell or `Io::sleep_until`:
+    /// whoever gives it earlier work clears this and rings.
+    parked: AtomicBool,
+    /// A command made work ready since the last pull that no one sent (the socket side was
+    /// busy): the thread must pull again before it parks.
+    dirty: AtomicBool,
+    /// Engine time in nanoseconds (at least 1) of the last time an application thread polled
+    /// the device; 0 when none has since one went to sleep on a completion channel.
+    app_poll: AtomicU64,
+    /// The thread sleeps, leaving the device to the polling application threads.
+    deferring: AtomicBool,
+    /// The last call on the device was a `post_send` (see [`Core::post`]).
+    posting: AtomicBool,
 }
 
 impl Core {
@@ -203,33 +288,127 @@ impl Core {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The socket side, waiting for it.
+    fn io(&self) -> MutexGuard<'_, Option<Io>> {
+        self.io.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The socket side if no other thread holds it.
+    fn try_io(&self) -> Option<MutexGuard<'_, Option<Io>>> {
+        match self.io.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// The fault configuration (plans and node numbers).
     pub(crate) fn faults(&self) -> MutexGuard<'_, FaultConfig> {
         self.faults.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs a command that may give the thread work (post, modify, arm, destroy): the lock is
-    /// held only for `f`, then produced notifications are delivered and the doorbell rung if
-    /// the thread is parked.
+    /// Runs a command that may make packets ready or move timers (post, modify, destroy, …):
+    /// `f` runs under the device lock, then the packets it made ready (up to [`TX_BATCH`]) are
+    /// sent from the caller's thread, produced notifications are delivered, and the progress
+    /// thread is woken only if it has to act (see the module docs). If another thread holds the
+    /// socket side, the packets are left to it (the progress thread is rung if parked).
     pub(crate) fn command<R>(&self, f: impl FnOnce(&mut DevState, Instant) -> R) -> R {
+        self.posting.store(false, Ordering::Relaxed);
+        self.run(f, true)
+    }
+
+    /// Runs a `post_send`: as [`command`](Self::command), except that a post that directly
+    /// follows another post on the device (a burst: no poll, read or other call between them)
+    /// leaves its packets to whoever sends next — the progress thread (rung if parked) or the
+    /// polling application thread — so that a burst goes out in batches (GSO runs) rather
+    /// than one system call per post.
+    pub(crate) fn post<R>(&self, f: impl FnOnce(&mut DevState, Instant) -> R) -> R {
+        let burst = self.posting.swap(true, Ordering::Relaxed);
+        self.run(f, !burst)
+    }
+
+    fn run<R>(&self, f: impl FnOnce(&mut DevState, Instant) -> R, inline: bool) -> R {
+        let mut io = if inline { self.try_io() } else { None };
         let mut st = self.lock();
         let now = st.now(self.epoch);
         let r = f(&mut st, now);
-        st.deliver();
-        let ring = std::mem::take(&mut st.parked);
-        drop(st);
-        if ring {
-            self.ring();
+        match io.as_mut().and_then(|g| g.as_mut()) {
+            Some(io) => {
+                let DevState { hca, mem, .. } = &mut *st;
+                let more = io.pull(hca, mem, now) == Pull::Full;
+                io.release_acks();
+                st.deliver();
+                let deadline = st.hca.poll_timeout();
+                drop(st);
+                if io.transmit(self, now) {
+                    bump(&self.stats.inline_sends, 1);
+                }
+                if more || !io.self_rx.is_empty() || io.wakes_earlier(deadline) {
+                    self.wake();
+                }
+            }
+            None => {
+                st.deliver();
+                self.dirty.store(true, Ordering::SeqCst);
+                drop(st);
+                self.wake();
+            }
         }
         r
     }
 
     /// Runs a command that gives the thread no work (queries, polling a CQ).
     pub(crate) fn query<R>(&self, f: impl FnOnce(&mut DevState) -> R) -> R {
+        self.posting.store(false, Ordering::Relaxed);
         let mut st = self.lock();
         let r = f(&mut st);
         st.deliver();
         r
+    }
+
+    /// An application thread polls the device (a CQ it found empty, an MR it reads). Notes
+    /// the time (the progress thread keeps away while polls keep coming, see
+    /// [`POLL_HANDOFF`]) and runs one nonblocking pass in the caller's thread, unless another
+    /// thread holds the socket side (then it returns at once).
+    pub(crate) fn app_poll(&self) {
+        self.posting.store(false, Ordering::Relaxed);
+        let at = clock(self.epoch).as_nanos().max(1);
+        self.app_poll.store(at, Ordering::Release);
+        let Some(mut guard) = self.try_io() else {
+            return;
+        };
+        let Some(io) = guard.as_mut() else {
+            return;
+        };
+        bump(&self.stats.app_passes, 1);
+        let release = self.release_held.swap(false, Ordering::AcqRel);
+        io.pass(self, release, true, true);
+    }
+
+    /// An application thread is about to sleep (on a completion channel): ACKs its passes
+    /// held back go out, and the progress thread takes over now rather than after
+    /// [`POLL_HANDOFF`].
+    pub(crate) fn app_sleeps(&self) {
+        self.app_poll.store(0, Ordering::Release);
+        if let Some(mut guard) = self.try_io() {
+            if let Some(io) = guard.as_mut().filter(|io| !io.held_acks.is_empty()) {
+                io.release_acks();
+                io.transmit(self, clock(self.epoch));
+            }
+        }
+        if self.deferring.swap(false, Ordering::AcqRel) {
+            bump(&self.stats.doorbells, 1);
+            self.ring();
+        }
+    }
+
+    /// Rings the doorbell if the thread is parked (and marks it unparked, so the next caller
+    /// does not ring again).
+    fn wake(&self) {
+        if self.parked.swap(false, Ordering::SeqCst) {
+            bump(&self.stats.doorbells, 1);
+            self.ring();
+        }
     }
 
     /// Wakes the progress thread.
@@ -247,7 +426,19 @@ impl Core {
         self.busy.load(Ordering::Acquire)
     }
 
-    /// Makes the thread deliver every held datagram of both directions on its next iteration.
+    /// How much longer the polling application threads keep the device (`None`: no
+    /// application thread polled within [`POLL_HANDOFF`]).
+    fn app_driving(&self) -> Option<Duration> {
+        let last = self.app_poll.load(Ordering::Acquire);
+        if last == 0 {
+            return None;
+        }
+        let until = last.saturating_add(u64::try_from(POLL_HANDOFF.as_nanos()).unwrap_or(0));
+        let now = clock(self.epoch).as_nanos();
+        (now < until).then(|| Duration::from_nanos(until - now))
+    }
+
+    /// Makes the thread deliver every held datagram of both directions on its next pass.
     pub(crate) fn release_held(&self) {
         self.release_held.store(true, Ordering::Release);
         self.ring();
@@ -303,6 +494,9 @@ impl Core {
             gso_sends: get(&s.gso_sends),
             gso_refused: get(&s.gso_refused),
             gro_receives: get(&s.gro_receives),
+            inline_sends: get(&s.inline_sends),
+            doorbells: get(&s.doorbells),
+            app_passes: get(&s.app_passes),
         }
     }
 }
@@ -337,8 +531,45 @@ impl Engine {
         poll.registry()
             .register(&mut socket, SOCKET, Interest::READABLE)
             .map_err(|e| io("registering the socket", e))?;
+        let registry = poll
+            .registry()
+            .try_clone()
+            .map_err(|e| io("sharing the poller", e))?;
         let waker =
             Waker::new(poll.registry(), DOORBELL).map_err(|e| io("creating the doorbell", e))?;
+        let rx_buf_len = if info.gro_enabled {
+            RX_BUF_LEN_GRO
+        } else {
+            RX_BUF_LEN
+        };
+        let socket_side = Io {
+            registry,
+            registered: true,
+            writable_armed: false,
+            local: info.local_addr,
+            socket,
+            gso: info.gso_enabled,
+            gso_segments: info.gso_segments.clamp(1, GSO_MAX_SEGMENTS),
+            gso_buf: Vec::new(),
+            state,
+            rx_buf_len,
+            // Zeroed memory is mapped lazily: untouched buffer pages cost nothing.
+            rx: vec![0; RX_BUFS * rx_buf_len],
+            rx_meta: Vec::with_capacity(RX_BATCH),
+            feed: Vec::with_capacity(RX_BATCH),
+            rx_owned: VecDeque::new(),
+            staged: Vec::with_capacity(TX_BATCH),
+            out: VecDeque::new(),
+            self_rx: VecDeque::new(),
+            pool: Pool::default(),
+            tx_stage: FaultStage::default(),
+            rx_stage: FaultStage::default(),
+            capture: None,
+            capture_gen: 0,
+            sleep_until: None,
+            active: false,
+            held_acks: Vec::new(),
+        };
         let core = Arc::new(Core {
             state: Mutex::new(DevState {
                 hca: Hca::new(config),
@@ -346,8 +577,8 @@ impl Engine {
                 channels: HashMap::new(),
                 events: emu_proto::EventRouter::default(),
                 last_now: Instant::ZERO,
-                parked: false,
             }),
+            io: Mutex::new(Some(socket_side)),
             waker,
             epoch: StdInstant::now(),
             info,
@@ -359,44 +590,16 @@ impl Engine {
             faults: Mutex::new(faults),
             capture: Mutex::new(capture),
             capture_gen: AtomicU64::new(1),
+            parked: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+            app_poll: AtomicU64::new(0),
+            deferring: AtomicBool::new(false),
+            posting: AtomicBool::new(false),
         });
         let progress = Progress {
             core: core.clone(),
             poll,
             events: Events::with_capacity(8),
-            local: info.local_addr,
-            socket,
-            gso: info.gso_enabled,
-            gso_segments: info.gso_segments.clamp(1, GSO_MAX_SEGMENTS),
-            gso_buf: Vec::new(),
-            state,
-            rx_buf_len: if info.gro_enabled {
-                RX_BUF_LEN_GRO
-            } else {
-                RX_BUF_LEN
-            },
-            // Zeroed memory is mapped lazily: untouched buffer pages cost nothing.
-            rx: vec![
-                0;
-                RX_BUFS
-                    * if info.gro_enabled {
-                        RX_BUF_LEN_GRO
-                    } else {
-                        RX_BUF_LEN
-                    }
-            ],
-            rx_meta: Vec::with_capacity(RX_BATCH),
-            feed: Vec::with_capacity(RX_BATCH),
-            rx_owned: VecDeque::new(),
-            staged: Vec::with_capacity(TX_BATCH),
-            out: VecDeque::new(),
-            self_rx: VecDeque::new(),
-            pool: Pool::default(),
-            tx_stage: FaultStage::default(),
-            rx_stage: FaultStage::default(),
-            writable_armed: false,
-            capture: None,
-            capture_gen: 0,
         };
         let thread = std::thread::Builder::new()
             .name(format!("softverbs-{name}"))
@@ -470,11 +673,40 @@ struct Staged {
     src_port: u16,
 }
 
-/// The progress thread's own state.
-struct Progress {
-    core: Arc<Core>,
-    poll: Poll,
-    events: Events,
+/// What [`Io::pull`] left behind.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Pull {
+    /// Nothing: the engine had no more packets (some may have been pulled).
+    Drained,
+    /// The batch filled: the engine may have more.
+    Full,
+    /// Nothing was pulled: a backlog waits for the socket to drain.
+    Blocked,
+}
+
+/// What one [`Io::pass`] did.
+#[derive(Copy, Clone, Debug)]
+struct Pass {
+    /// A batch limit left work behind (received or engine packets, or a packet the device
+    /// sent to itself to feed back).
+    more: bool,
+    /// The next deadline: engine timer or delayed datagram of either direction.
+    deadline: Option<Instant>,
+    /// Something was received or sent.
+    moved: bool,
+}
+
+/// The socket side of a device: the socket, the receive area, the fault stages and the queue
+/// of packets to write. Locked by whichever thread runs a pass or sends inline.
+#[derive(Debug)]
+pub(crate) struct Io {
+    /// The progress thread's poller, to arm writability and take the socket in and out.
+    registry: Registry,
+    /// The socket is in the poller (it is taken out while application threads
+    /// drive the device).
+    registered: bool,
+    /// Writability is (or, once registered again, will be) asked for.
+    writable_armed: bool,
     socket: UdpSocket,
     /// Batched I/O (`recvmmsg`, GSO); `None` falls back to `recv_from`/`send_to`.
     state: Option<UdpSocketState>,
@@ -490,71 +722,308 @@ struct Progress {
     rx_buf_len: usize,
     /// What each filled receive buffer of the current batch holds.
     rx_meta: Vec<RxMeta>,
-    /// Received datagrams to hand to the engine this iteration, in order.
+    /// Received datagrams to hand to the engine this pass, in order.
     feed: Vec<Feed>,
     /// Scratch queue of the receive-side fault stage.
     rx_owned: VecDeque<Datagram>,
-    /// Packets pulled from the engine in this iteration, before the fault stage.
+    /// Packets pulled from the engine, before the fault stage.
     staged: Vec<Staged>,
     /// Packets to write to the socket, in order.
     out: VecDeque<Datagram>,
-    /// Packets the device sent to itself, fed back next iteration.
+    /// Packets the device sent to itself, fed back next pass.
     self_rx: VecDeque<Datagram>,
     pool: Pool,
     tx_stage: FaultStage,
     rx_stage: FaultStage,
-    writable_armed: bool,
     /// The device's capture as last read from [`Core`], and the generation read.
     capture: Option<Arc<Capture>>,
     capture_gen: u64,
+    /// What the parked thread sleeps until (`None`: no deadline); valid while
+    /// [`Core::parked`] is set.
+    sleep_until: Option<Instant>,
+    /// A verbs call sent packets since the thread last parked.
+    active: bool,
+    /// ACKs an application thread's pass left for its next call (see [`Io::pass`]).
+    held_acks: Vec<Staged>,
+}
+
+/// The progress thread's own state.
+struct Progress {
+    core: Arc<Core>,
+    poll: Poll,
+    events: Events,
 }
 
 impl Progress {
     fn run(mut self) {
-        while !self.core.is_stopped() {
-            bump(&self.core.stats.wakeups, 1);
-            let generation = self.core.capture_gen.load(Ordering::Acquire);
-            if generation != self.capture_gen {
-                self.capture_gen = generation;
-                self.capture = self.core.capture();
+        let core = self.core.clone();
+        // Skip the receive call of a pass that only re-runs for a command (the socket was
+        // drained by the pass before, and a datagram since then is a new poller event).
+        let mut skip_rx = false;
+        // Whether the socket is in the poller (only this thread moves it in and out).
+        let mut in_poller = true;
+        while !core.is_stopped() {
+            bump(&core.stats.wakeups, 1);
+            core.parked.store(false, Ordering::SeqCst);
+            if let Some(left) = core.app_driving() {
+                // The application threads drive the device: sleep without the socket in the
+                // poller, so that datagrams do not wake us, until they stop polling.
+                skip_rx = false;
+                core.deferring.store(true, Ordering::Release);
+                if in_poller {
+                    let Some(registered) = self.with_io(|io| {
+                        io.register(false);
+                        io.registered
+                    }) else {
+                        break;
+                    };
+                    in_poller = registered;
+                }
+                self.wait(Some(left));
+                core.deferring.store(false, Ordering::Release);
+                continue;
             }
-            let release = self.core.release_held.swap(false, Ordering::AcqRel);
-            let rx_more = self.receive();
-            self.ingest(clock(self.core.epoch), release);
-            let (tx_more, now, deadline) = self.step();
-            self.send(now, release);
-            if self.core.busy_poll() {
+            if core.busy_poll() {
+                skip_rx = false;
+                let alive = self.with_io(|io| {
+                    let release = core.release_held.swap(false, Ordering::AcqRel);
+                    io.pass(&core, release, true, false);
+                });
+                if alive.is_none() {
+                    break;
+                }
                 std::hint::spin_loop();
                 continue;
             }
-            let more = rx_more || tx_more || !self.self_rx.is_empty();
-            let timeout = if more {
-                Some(Duration::ZERO)
-            } else {
-                deadline
-                    .into_iter()
-                    .chain(self.tx_stage.next_due())
-                    .chain(self.rx_stage.next_due())
-                    .min()
-                    .map(|at| at.saturating_duration_since(clock(self.core.epoch)))
+            let timeout = {
+                let mut guard = core.io();
+                let Some(io) = guard.as_mut() else {
+                    break;
+                };
+                io.register(true);
+                in_poller = io.registered;
+                let release = core.release_held.swap(false, Ordering::AcqRel);
+                let pass = io.pass(&core, release, !skip_rx, false);
+                skip_rx = false;
+                if pass.more {
+                    Some(Duration::ZERO)
+                } else {
+                    let now = clock(core.epoch);
+                    let active = pass.moved || std::mem::take(&mut io.active);
+                    let tick = active.then(|| now + ACTIVE_TICK);
+                    let until = earliest(pass.deadline, tick);
+                    io.sleep_until = until;
+                    core.parked.store(true, Ordering::SeqCst);
+                    if core.dirty.load(Ordering::SeqCst) {
+                        // A command left packets while we held the socket side: pull them.
+                        core.parked.store(false, Ordering::SeqCst);
+                        skip_rx = true;
+                        Some(Duration::ZERO)
+                    } else {
+                        until.map(|at| at.saturating_duration_since(now))
+                    }
+                }
             };
-            match self.poll.poll(&mut self.events, timeout) {
-                Ok(()) => {}
-                Err(e) if e.kind() == IoKind::Interrupted => {}
-                Err(_) => {
-                    bump(&self.core.stats.recv_errors, 1);
-                    // Never spin on a broken poller.
-                    std::thread::sleep(Duration::from_millis(10));
+            if timeout != Some(Duration::ZERO) {
+                self.wait(timeout);
+            }
+        }
+        // Closes the socket; later commands find no socket side and move nothing.
+        core.io().take();
+    }
+
+    /// Runs `f` on the socket side; `None` if it is gone.
+    fn with_io<R>(&self, f: impl FnOnce(&mut Io) -> R) -> Option<R> {
+        self.core.io().as_mut().map(f)
+    }
+
+    /// Waits in the poller until an event or `timeout`.
+    fn wait(&mut self, timeout: Option<Duration>) {
+        match self.poll.poll(&mut self.events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == IoKind::Interrupted => {}
+            Err(_) => {
+                bump(&self.core.stats.recv_errors, 1);
+                // Never spin on a broken poller.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+impl Io {
+    /// One pass: receive (if `receive`), the receive-side faults, the engine (datagrams,
+    /// timers, up to [`TX_BATCH`] packets out), delivery, the send-side faults and the socket.
+    /// `release` delivers every held datagram of both directions.
+    ///
+    /// `hold_acks` (a pass run by an application thread that polls): if everything the engine
+    /// had to send is ACKs (or NAKs), they stay in `held_acks` until the caller's next call
+    /// on the device, so that the application sees what arrived one `sendto` sooner and its
+    /// next request leaves before them (see [`Io::release_acks`]). ACKs held by an earlier
+    /// pass always go out in this one, first: an ACK waits one call at most (or, if the
+    /// application stops calling, until the progress thread takes over).
+    fn pass(&mut self, core: &Core, release: bool, receive: bool, hold_acks: bool) -> Pass {
+        self.refresh_capture(core);
+        let held_before = !self.held_acks.is_empty();
+        self.staged.append(&mut self.held_acks);
+        let rx_more = receive && self.receive(&core.stats);
+        self.ingest(core, clock(core.epoch), release);
+        let received = !self.feed.is_empty() || !self.self_rx.is_empty();
+        let mut st = core.lock();
+        let now = st.now(core.epoch);
+        let DevState { hca, mem, .. } = &mut *st;
+        for item in self.feed.drain(..) {
+            match item {
+                Feed::Slice { start, len, src } => {
+                    if let Some(bytes) = self.rx.get(start..start + len) {
+                        hca.handle_datagram(now, src, bytes, mem);
+                    }
+                }
+                Feed::Owned(d) => {
+                    hca.handle_datagram(now, d.peer, d.bytes(), mem);
+                    self.pool.give(d.buf);
                 }
             }
+        }
+        while let Some(p) = self.self_rx.pop_front() {
+            hca.handle_datagram(now, self.local, p.bytes(), mem);
+            self.pool.give(p.buf);
+        }
+        if hca.poll_timeout().is_some_and(|t| t <= now) {
+            hca.handle_timeout(now, mem);
+        }
+        // Everything a command made ready so far is pulled now (or left for the next pass).
+        core.dirty.store(false, Ordering::SeqCst);
+        let pulled = self.pull(hca, mem, now);
+        st.deliver();
+        let deadline = st.hca.poll_timeout();
+        drop(st);
+        if hold_acks
+            && !held_before
+            && pulled == Pull::Drained
+            && !self.staged.is_empty()
+            && self
+                .staged
+                .iter()
+                .all(|s| opcode(s) == Some(Opcode::Acknowledge))
+        {
+            std::mem::swap(&mut self.staged, &mut self.held_acks);
+        }
+        let sent = !self.staged.is_empty() || !self.held_acks.is_empty();
+        self.send(core, now, release);
+        Pass {
+            more: rx_more || pulled == Pull::Full || !self.self_rx.is_empty(),
+            deadline: self.next_deadline(deadline),
+            moved: received || sent,
+        }
+    }
+
+    /// Pulls up to [`TX_BATCH`] packets from the engine into `staged`. A backlog waiting for
+    /// writability holds back new packets: the engine keeps them (and its window closes)
+    /// instead of the queue growing without bound.
+    fn pull(&mut self, hca: &mut Hca, mem: &DeviceMemory, now: Instant) -> Pull {
+        if self.out.len() >= TX_BATCH {
+            return Pull::Blocked;
+        }
+        for _ in 0..TX_BATCH {
+            let mut buf = self.pool.take();
+            let Some(tx) = hca.poll_transmit(now, mem, &mut buf) else {
+                self.pool.give(buf);
+                return Pull::Drained;
+            };
+            self.staged.push(Staged {
+                packet: Datagram {
+                    peer: tx.dst,
+                    buf,
+                    len: tx.len,
+                },
+                src_port: tx.src_port,
+            });
+        }
+        Pull::Full
+    }
+
+    /// Adds the ACKs an application pass held back to what a verbs call pulled: after the
+    /// call's own packets if none of them is a response (an ACK only trails requests, never
+    /// another response of its QP), before them otherwise.
+    fn release_acks(&mut self) {
+        if self.held_acks.is_empty() {
+            return;
+        }
+        let responses = self
+            .staged
+            .iter()
+            .any(|s| opcode(s).is_none_or(Opcode::is_response));
+        if responses {
+            self.staged.splice(0..0, self.held_acks.drain(..));
+        } else {
+            self.staged.append(&mut self.held_acks);
+        }
+    }
+
+    /// Sends what a verbs call pulled, from the caller's thread (due delayed datagrams too,
+    /// but no held one is released: the thread does that); true if any packet was pulled.
+    fn transmit(&mut self, core: &Core, now: Instant) -> bool {
+        if self.staged.is_empty() && self.out.is_empty() {
+            return false;
+        }
+        let pulled = !self.staged.is_empty();
+        if pulled {
+            self.active = true;
+        }
+        self.refresh_capture(core);
+        self.send(core, now, false);
+        pulled
+    }
+
+    /// Whether the parked thread must wake for the deadline `engine` (the HCA's next timer)
+    /// or one of the fault stages: it is earlier than what the thread sleeps until.
+    fn wakes_earlier(&self, engine: Option<Instant>) -> bool {
+        match (self.next_deadline(engine), self.sleep_until) {
+            (Some(d), Some(until)) => d < until,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
+    /// The earliest of `engine` and the fault stages' next delayed datagram.
+    fn next_deadline(&self, engine: Option<Instant>) -> Option<Instant> {
+        earliest(
+            engine,
+            earliest(self.tx_stage.next_due(), self.rx_stage.next_due()),
+        )
+    }
+
+    /// Re-reads the device's capture if it changed.
+    fn refresh_capture(&mut self, core: &Core) {
+        let generation = core.capture_gen.load(Ordering::Acquire);
+        if generation != self.capture_gen {
+            self.capture_gen = generation;
+            self.capture = core.capture();
+        }
+    }
+
+    /// Puts the socket into the thread's poller or takes it out.
+    fn register(&mut self, on: bool) {
+        if self.registered == on {
+            return;
+        }
+        let done = if on {
+            self.registry
+                .register(&mut self.socket, SOCKET, interest(self.writable_armed))
+                .is_ok()
+        } else {
+            self.registry.deregister(&mut self.socket).is_ok()
+        };
+        if done {
+            self.registered = on;
         }
     }
 
     /// Reads up to [`RX_BATCH`] datagrams, or [`RX_BATCH`] receive buffers with GRO batches
     /// in them (never split); true if the batch filled (more may be waiting).
-    fn receive(&mut self) -> bool {
+    fn receive(&mut self, stats: &AtomicStats) -> bool {
         self.rx_meta.clear();
-        let stats = &self.core.stats;
         let buf_len = self.rx_buf_len;
         let mut datagrams = 0;
         while datagrams < RX_BATCH && self.rx_meta.len() < RX_BUFS {
@@ -637,7 +1106,7 @@ impl Progress {
 
     /// The receive-side fault stage: turns the received batch, and delayed or held datagrams
     /// now due, into the ordered list the engine is fed.
-    fn ingest(&mut self, now: Instant, release: bool) {
+    fn ingest(&mut self, core: &Core, now: Instant, release: bool) {
         self.feed.clear();
         self.rx_stage.due(now, release, &mut self.rx_owned);
         self.feed.extend(self.rx_owned.drain(..).map(Feed::Owned));
@@ -645,7 +1114,7 @@ impl Progress {
             return;
         }
         // Hold the fault configuration only while a receive-side plan is installed.
-        let mut cfg = Some(self.core.faults()).filter(|c| c.active(Direction::Rx));
+        let mut cfg = Some(core.faults()).filter(|c| c.active(Direction::Rx));
         // Lock order: the fault configuration, then the capture (never the other way).
         let capture = self.capture.as_deref();
         let mut writer = capture.map(Capture::writer);
@@ -679,67 +1148,12 @@ impl Progress {
                 }
             }
         }
-        bump(&self.core.stats.captured, captured);
-    }
-
-    /// Runs the engine under the lock; returns whether the transmit batch filled, the engine
-    /// time used, and the next timer deadline.
-    fn step(&mut self) -> (bool, Instant, Option<Instant>) {
-        let core = &*self.core;
-        let mut st = core.lock();
-        let now = st.now(core.epoch);
-        let DevState { hca, mem, .. } = &mut *st;
-        for item in self.feed.drain(..) {
-            match item {
-                Feed::Slice { start, len, src } => {
-                    if let Some(bytes) = self.rx.get(start..start + len) {
-                        hca.handle_datagram(now, src, bytes, mem);
-                    }
-                }
-                Feed::Owned(d) => {
-                    hca.handle_datagram(now, d.peer, d.bytes(), mem);
-                    self.pool.give(d.buf);
-                }
-            }
-        }
-        while let Some(p) = self.self_rx.pop_front() {
-            hca.handle_datagram(now, self.local, p.bytes(), mem);
-            self.pool.give(p.buf);
-        }
-        if hca.poll_timeout().is_some_and(|t| t <= now) {
-            hca.handle_timeout(now, mem);
-        }
-        let mut more = false;
-        // A backlog waiting for writability holds back new packets: the engine keeps them
-        // (and its window closes) instead of this queue growing without bound.
-        if self.out.len() < TX_BATCH {
-            let mut pulled = 0;
-            while pulled < TX_BATCH {
-                let mut buf = self.pool.take();
-                let Some(tx) = hca.poll_transmit(now, mem, &mut buf) else {
-                    self.pool.give(buf);
-                    break;
-                };
-                self.staged.push(Staged {
-                    packet: Datagram {
-                        peer: tx.dst,
-                        buf,
-                        len: tx.len,
-                    },
-                    src_port: tx.src_port,
-                });
-                pulled += 1;
-            }
-            more = pulled == TX_BATCH;
-        }
-        st.deliver();
-        let deadline = st.hca.poll_timeout();
-        st.parked = true;
-        (more, now, deadline)
+        self.rx_meta.clear();
+        bump(&core.stats.captured, captured);
     }
 
     /// Fault stage, then the socket.
-    fn send(&mut self, now: Instant, release: bool) {
+    fn send(&mut self, core: &Core, now: Instant, release: bool) {
         let port = self.local.port();
         for s in &mut self.staged {
             if s.src_port != port {
@@ -747,7 +1161,7 @@ impl Progress {
             }
         }
         if !self.staged.is_empty() {
-            let mut cfg = self.core.faults();
+            let mut cfg = core.faults();
             for s in self.staged.drain(..) {
                 self.tx_stage.apply(
                     &mut cfg,
@@ -760,12 +1174,12 @@ impl Progress {
             }
         }
         self.tx_stage.due(now, release, &mut self.out);
-        self.flush();
+        self.flush(core);
     }
 
     /// Writes the queued packets to the socket, in order, until it is empty or full.
-    fn flush(&mut self) {
-        let stats = &self.core.stats;
+    fn flush(&mut self, core: &Core) {
+        let stats = &core.stats;
         while let Some(p) = self.out.front() {
             if p.peer == self.local {
                 if let Some(p) = self.out.pop_front() {
@@ -830,7 +1244,7 @@ impl Progress {
                     // send everything one by one from now on, starting with this run.
                     bump(&stats.gso_refused, 1);
                     self.gso = false;
-                    self.core.gso_active.store(false, Ordering::Release);
+                    core.gso_active.store(false, Ordering::Release);
                 }
                 Err(_) => {
                     bump(&stats.send_errors, 1);
@@ -845,23 +1259,37 @@ impl Progress {
         self.arm_writable(false);
     }
 
+    /// Asks the poller for writability (a backlog waits) or stops asking. Out of the poller,
+    /// it is only noted for when the socket goes back in.
     fn arm_writable(&mut self, on: bool) {
         if self.writable_armed == on {
             return;
         }
-        let interest = if on {
-            Interest::READABLE | Interest::WRITABLE
-        } else {
-            Interest::READABLE
-        };
+        if !self.registered {
+            self.writable_armed = on;
+            return;
+        }
         if self
-            .poll
-            .registry()
-            .reregister(&mut self.socket, SOCKET, interest)
+            .registry
+            .reregister(&mut self.socket, SOCKET, interest(on))
             .is_ok()
         {
             self.writable_armed = on;
         }
+    }
+}
+
+/// The opcode of a pulled packet (its BTH's first byte); `None` for an empty packet.
+fn opcode(s: &Staged) -> Option<Opcode> {
+    s.packet.bytes().first().map(|&b| Opcode::from(b))
+}
+
+/// The poller interest of the socket: readable, and writable while a backlog waits.
+fn interest(writable: bool) -> Interest {
+    if writable {
+        Interest::READABLE | Interest::WRITABLE
+    } else {
+        Interest::READABLE
     }
 }
 

@@ -138,6 +138,10 @@ impl FaultConfig {
         peer: SocketAddr,
         bytes: &[u8],
     ) -> Option<Verdict> {
+        if !self.active(dir) {
+            // No plan for this direction: skip the node look-ups (two hashes per datagram).
+            return None;
+        }
         let (src, dst) = match dir {
             Direction::Tx => (self.local, self.node_of(peer)),
             Direction::Rx => (self.node_of(peer), self.local),

@@ -27,13 +27,30 @@
 //!
 //! # Threads and time
 //!
-//! One progress thread per device (see the `engine` module docs): it waits in `epoll_wait`
-//! (through mio) for a datagram, the doorbell that verbs calls ring, or the engine's next timer
-//! deadline, so an idle device costs no CPU. Work per wake-up is bounded ([`RX_BATCH`]
-//! datagrams in, [`TX_BATCH`] packets out; see [Batching](#batching)). [`UdpContext::set_busy_poll`] makes it spin
-//! instead. Engine time is `std::time::Instant` since the device was created. The thread stops
-//! (and the socket closes) on [`UdpProvider::shutdown`] / [`UdpDevice::shutdown`] or when the
-//! last handle of the device is dropped.
+//! One progress thread per device (see the `engine` module docs), but the work runs in the
+//! thread that has it at hand when that saves a wake-up:
+//!
+//! - a verbs call that makes packets ready (`post_send`, `modify`, …) sends them itself, up to
+//!   [`TX_BATCH`], through the same path as the thread (send-side faults, capture, GSO); the
+//!   thread is rung only if packets are left over or a timer deadline moved earlier than the
+//!   one it sleeps on. A `post_send` that directly follows another leaves its packets to
+//!   whoever sends next, so that bursts go out in batches;
+//! - an application thread that polls the device — a `poll` that finds a CQ empty, a `read`
+//!   of an MR (how `ib_write_lat` waits) — runs one nonblocking pass of the engine itself
+//!   (receive, engine, send, due timers). While such polls keep coming (within
+//!   [`POLL_HANDOFF`]) the progress thread sleeps with the socket out of its poller, so one
+//!   polling process keeps one CPU busy, not two; a thread going to sleep on a completion
+//!   channel of the device hands it back at once. A polling pass that only has ACKs to send
+//!   leaves them for the caller's next call, so the application's next request leaves first;
+//! - the progress thread does the rest: it waits in `epoll_wait` (through mio) for a
+//!   datagram, the doorbell, writability or the engine's next timer deadline, so an idle
+//!   device costs no CPU. Work per wake-up is bounded ([`RX_BATCH`] datagrams in,
+//!   [`TX_BATCH`] packets out; see [Batching](#batching)). [`UdpContext::set_busy_poll`]
+//!   makes it spin instead while no application thread polls.
+//!
+//! Engine time is `std::time::Instant` since the device was created. The thread stops (and
+//! the socket closes) on [`UdpProvider::shutdown`] / [`UdpDevice::shutdown`] or when the last
+//! handle of the device is dropped.
 //!
 //! # Faults
 //!
@@ -80,8 +97,8 @@
 //!
 //! # Not done yet
 //!
-//! `sendmmsg`: without GSO every datagram costs one `send_to` (no kept crate offers
-//! `sendmmsg`: `quinn-udp` sends one buffer per `sendmsg`, socket2 0.5 has none). GSO on by
+//! `sendmmsg`: without GSO every datagram costs one `send_to` (neither `quinn-udp`, which
+//! sends one buffer per `sendmsg`, nor socket2 0.5 offers `sendmmsg`; rustix does, safely). GSO on by
 //! default: it would need either peers that ignore the IPv4 identification or the kernel not
 //! renumbering segments. Segmentation-aware captures on `lo`: a packet tap there sees a GSO
 //! send as one frame (the driver's own capture is per packet).
@@ -94,7 +111,7 @@ pub mod oob;
 mod provider;
 mod socket;
 
-pub use engine::{DriverStats, RX_BATCH, TX_BATCH};
+pub use engine::{DriverStats, POLL_HANDOFF, RX_BATCH, TX_BATCH};
 pub use fault::UNKNOWN_NODE;
 pub use provider::{
     DEFAULT_ADDR, DEFAULT_SOCKET_BUFFER, UdpBuilder, UdpChannel, UdpContext, UdpCq, UdpDevice,

@@ -2,8 +2,9 @@
 //! driven by its own progress thread and UDP socket (see [`crate::engine`]).
 //!
 //! Every verbs call locks the device briefly, applies the command to the HCA, delivers what it
-//! produced (channel notifications, async events) and rings the progress thread's doorbell if
-//! the command may have given it work. Handles keep their parents alive (a QP holds its PD,
+//! produced (channel notifications, async events), sends the packets it made ready from the
+//! caller's thread, and rings the progress thread's doorbell only if the thread has to act
+//! (see [`crate::engine`]). Handles keep their parents alive (a QP holds its PD,
 //! CQs and SRQ; every handle holds its device, whose last handle stops the thread); an
 //! explicitly destroyed handle fails every later call with `ErrorKind::Destroyed`.
 
@@ -52,6 +53,7 @@ pub struct UdpBuilder {
     capture: Option<PathBuf>,
     gso: bool,
     gro: bool,
+    foreign_ipv4_ident: bool,
     #[cfg(test)]
     no_check: bool,
 }
@@ -70,6 +72,7 @@ impl Default for UdpBuilder {
             capture: None,
             gso: false,
             gro: true,
+            foreign_ipv4_ident: false,
             #[cfg(test)]
             no_check: false,
         }
@@ -77,6 +80,16 @@ impl Default for UdpBuilder {
 }
 
 impl UdpBuilder {
+    /// Peers with an unknown IPv4 identification (Linux rxe, RoCEv2 NICs): an IPv4 packet whose
+    /// ICRC does not match with identification 0 is accepted if some identification makes it
+    /// match (`HcaConfig::foreign_ipv4_ident`, counted in `Stats::icrc_ident_solved`); a
+    /// corrupted one is still dropped with probability 1 − 2⁻¹⁶. Default false: softverbs
+    /// peers send 0, and the full 32-bit check applies.
+    pub fn foreign_ipv4_ident(mut self, on: bool) -> UdpBuilder {
+        self.foreign_ipv4_ident = on;
+        self
+    }
+
     /// Adds a device bound to `addr` (port 0 lets the OS choose). Devices are named `udp0`,
     /// `udp1`, … in the order added; with none added, [`build`](Self::build) makes one at
     /// [`DEFAULT_ADDR`]. The address must be a specific unicast one: the device's GID is
@@ -277,6 +290,9 @@ impl UdpBuilder {
             let seed = self.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let mut config = HcaConfig::new(format!("udp{i}"), gid, seed);
             config.udp_port = local.port();
+            // One socket: packets leave from its port, so the engine computes the final ICRC.
+            config.source_port = Some(local.port());
+            config.foreign_ipv4_ident = self.foreign_ipv4_ident;
             let (name, guid) = (config.name.clone(), config.node_guid);
             let faults = FaultConfig {
                 injector: injector.clone(),
@@ -596,9 +612,18 @@ impl UdpContext {
         }
     }
 
-    /// Busy-poll mode: the progress thread spins on nonblocking receives instead of sleeping
-    /// in `epoll_wait`, trading a whole CPU for latency (worth it only with the thread pinned
-    /// to its own CPU; see udp-limits.md). Off by default.
+    /// Busy-poll mode (off by default): whether the progress thread spins on nonblocking
+    /// receives or sleeps in `epoll_wait` while no application thread polls the device.
+    ///
+    /// In either mode, an application thread that polls the device drives it: a `poll` that
+    /// finds a CQ of the device empty, and every `read` of one of its MRs (how `ib_write_lat`
+    /// waits for the peer's WRITE), first run one nonblocking pass in the caller's thread —
+    /// receive what the socket holds, feed the engine, fire due timers, send — unless another
+    /// thread is doing so (then it returns at once). While an application thread has polled
+    /// within [`crate::POLL_HANDOFF`] the progress thread sleeps, with the socket out of its
+    /// poller; after that (and at once when a thread goes to sleep on a completion channel of
+    /// the device) it takes over again. So a process that spins on its CQ or memory keeps one
+    /// CPU busy, not two, and a busy-poll device only spins its own thread while nobody polls.
     pub fn set_busy_poll(&self, on: bool) {
         self.core().set_busy_poll(on);
     }
@@ -954,8 +979,13 @@ impl MemoryRegion for UdpMr {
         self.0.info.access
     }
 
+    /// Copies MR bytes at `offset` into `buf`. The caller's thread first runs one nonblocking
+    /// progress pass of the device, so that spinning on an MR byte (how `ib_write_lat` waits
+    /// for the peer's WRITE) moves the traffic it waits for (see
+    /// [`UdpContext::set_busy_poll`]).
     fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
         self.check_alive()?;
+        self.0.ctx.core().app_poll();
         self.0.region.read(offset, buf).map_err(|_| {
             Error::invalid(format!(
                 "read {offset}+{} outside MR of {} bytes",
@@ -1015,10 +1045,16 @@ impl CompletionChannel for UdpChannel {
         Ok(self.0.shared.try_get())
     }
 
+    /// Waits for the next event. A wait that would block first hands the device back to its
+    /// progress thread (the caller stops polling it; see [`crate::POLL_HANDOFF`]).
     fn wait_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
         if !self.0.alive.load(Ordering::Acquire) {
             return Err(Error::destroyed("completion channel"));
         }
+        if let Some(cq) = self.0.shared.try_get() {
+            return Ok(Some(cq));
+        }
+        self.0.ctx.core().app_sleeps();
         Ok(self.0.shared.wait(timeout))
     }
 
@@ -1079,8 +1115,18 @@ impl CompletionQueue for UdpCq {
             .unwrap_or(0)
     }
 
+    /// Takes up to `out.len()` completions. An empty CQ first makes the caller's thread run
+    /// one nonblocking progress pass of the device (see [`UdpContext::set_busy_poll`]), then it
+    /// is polled again.
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let this = &self.0;
+        let n = this
+            .ctx
+            .query_live(&this.alive, "CQ", |st| st.hca.poll_cq(this.id, out))?;
+        if n > 0 || out.is_empty() {
+            return Ok(n);
+        }
+        this.ctx.core().app_poll();
         this.ctx
             .query_live(&this.alive, "CQ", |st| st.hca.poll_cq(this.id, out))
     }
@@ -1183,22 +1229,33 @@ struct QpInner {
 }
 drop_destroys!(QpInner, |st, this| st.hca.destroy_qp(this.qpn));
 
-/// A queue pair of a UDP device. Posting rings the progress thread, which sends the packets.
+/// A queue pair of a UDP device. `post_send` sends the packets it makes ready from the
+/// caller's thread (up to [`crate::TX_BATCH`]; the progress thread sends the rest), unless
+/// another thread is sending for the device at that moment (then that one does) or the post
+/// directly follows another `post_send` on the device (then the progress thread, or the
+/// application thread's next poll, sends the burst in batches).
 #[derive(Clone, Debug)]
 pub struct UdpQp(Arc<QpInner>);
 
 impl UdpQp {
+    /// Runs a post on the live QP: a `post_send` (`send`) or another command.
     fn post<R>(
         &self,
+        send: bool,
         f: impl FnOnce(&mut Hca, Instant) -> Result<R, PostError>,
     ) -> Result<R, PostError> {
         let this = &self.0;
-        this.ctx.cmd(|st, now| {
+        let body = |st: &mut DevState, now| {
             if !this.alive.load(Ordering::Acquire) {
                 return Err(PostError::new(0, Error::destroyed("QP")));
             }
             f(&mut st.hca, now)
-        })
+        };
+        if send {
+            this.ctx.core().post(body)
+        } else {
+            this.ctx.cmd(body)
+        }
     }
 
     /// This QP's transport counters (packets, retransmissions, drops); `Destroyed` after
@@ -1234,12 +1291,12 @@ impl QueuePair for UdpQp {
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let qpn = self.0.qpn;
-        self.post(|hca, now| hca.post_send(now, qpn, wrs))
+        self.post(true, |hca, now| hca.post_send(now, qpn, wrs))
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let qpn = self.0.qpn;
-        self.post(|hca, _| hca.post_recv(qpn, wrs))
+        self.post(false, |hca, _| hca.post_recv(qpn, wrs))
     }
 
     fn endpoint(&self, psn: u32) -> Result<Endpoint> {

@@ -251,6 +251,10 @@ pub struct PerfArgs {
     /// baseline spins on nonblocking sockets).
     #[arg(long = "busy-poll")]
     pub busy_poll: bool,
+    /// Send with one datagram per system call: no UDP GSO on the devices' sockets (by default
+    /// both ends, being softverbs, coalesce runs of equal-size datagrams into GSO sends).
+    #[arg(long = "no-gso")]
+    pub no_gso: bool,
     /// Also write the results as JSON to FILE.
     #[arg(long = "json", value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -364,6 +368,9 @@ pub(crate) struct Config {
     pub(crate) mtu: u32,
     pub(crate) qp_timeout: u8,
     pub(crate) busy_poll: bool,
+    /// UDP GSO off on the devices (`--no-gso`).
+    #[serde(default)]
+    pub(crate) no_gso: bool,
     pub(crate) events: bool,
     pub(crate) spin_yield: bool,
     pub(crate) baseline: bool,
@@ -472,6 +479,7 @@ impl Config {
                 mtu: a.mtu,
                 qp_timeout: a.qp_timeout,
                 busy_poll: a.busy_poll,
+                no_gso: a.no_gso,
                 events: a.events,
                 spin_yield: a.spin_yield,
                 baseline: a.baseline,
@@ -674,6 +682,7 @@ fn udp_context(ip: IpAddr, cfg: &Config) -> Result<emu_driver::UdpContext, PerfE
     let provider = UdpProvider::builder()
         .device(SocketAddr::new(ip, 0))
         .busy_poll(cfg.busy_poll)
+        .gso(!cfg.no_gso)
         .seed(cfg.seed)
         .build()?;
     let dev = provider
@@ -803,6 +812,16 @@ impl Output {
                 if cfg.events { "events" } else { "polled" }
             ),
         );
+        if self.backend == Backend::Udp {
+            kv(
+                "UDP GSO",
+                &if cfg.no_gso {
+                    "OFF"
+                } else {
+                    "ON (if the kernel has it)"
+                },
+            );
+        }
         if cfg.baseline {
             kv("Baseline", &"raw UDP, same processes and addresses");
         }
@@ -855,6 +874,7 @@ impl Output {
                 "backend": args.backend,
                 "unit": match self.unit { BwUnit::MiB => "MiB/s", BwUnit::Gbit => "Gb/s" },
                 "busy_poll": args.busy_poll,
+                "gso": !args.no_gso,
                 "rows": self.rows,
             });
             let text =

@@ -19,8 +19,14 @@
 //!
 //! Topology: a full mesh of RC QPs for up to [`layout::MESH_MAX`] nodes, a ring beyond
 //! (`atomic-counter` adds a QP from every node to node 0, and a loopback QP pair on node 0).
+//!
+//! [`execute`] runs one run in-process and returns its report; `softverbs campaign`
+//! ([`campaign`]) uses it for many short runs with fault plans drawn from a seed ([`draw`]),
+//! and `softverbs demo` ([`crate::demo`]) for the demo scenario.
 
+pub mod campaign;
 pub mod check;
+pub mod draw;
 pub mod layout;
 pub mod log;
 pub mod node;
@@ -34,7 +40,7 @@ use std::time::Duration;
 
 pub use layout::Workload;
 pub use node::node_main;
-pub use orchestrator::run;
+pub use orchestrator::{Options, Progress, RunError, execute, run};
 
 /// Exit code: every invariant holds.
 pub const EXIT_PASS: u8 = 0;

@@ -38,7 +38,6 @@ struct Config {
     duration: Option<Duration>,
     plan: RunPlan,
     plan_path: Option<PathBuf>,
-    report: Option<PathBuf>,
     pcap_dir: Option<PathBuf>,
     run_dir: PathBuf,
     qp: QpParams,
@@ -48,15 +47,118 @@ struct Config {
     exe: PathBuf,
 }
 
+/// How a run is driven from inside this process: `softverbs run` uses the defaults, while
+/// `softverbs campaign` and `softverbs demo` give the plan text, silence the run's own output
+/// and place its progress bar.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The plan file's text, read instead of the file named by [`RunArgs::faults`] (which then
+    /// only names the plan in the report and the replay command).
+    pub plan_text: Option<String>,
+    /// Print nothing (no start line, no summary): the caller renders the [`Report`].
+    pub quiet: bool,
+    /// Where the progress bar of the workload phase is drawn.
+    pub progress: Progress,
+}
+
+/// Where a run draws its progress bar. Every bar is drawn on stderr and only when stderr is a
+/// terminal (indicatif hides it otherwise), so logs and tests never see it.
+#[derive(Clone, Debug, Default)]
+pub enum Progress {
+    /// No bar.
+    Hidden,
+    /// A bar of its own on stderr.
+    #[default]
+    Stderr,
+    /// A bar added to the caller's group of bars (removed again when the run ends).
+    In(indicatif::MultiProgress),
+}
+
+/// Why a run produced no report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunError {
+    /// Invalid flags or plan: nothing was started (exit code 2).
+    Usage(String),
+    /// The harness could not run: a node failed to start or connect. Every process was
+    /// stopped and reaped; the evidence is in `run_dir` (exit code 3).
+    Harness {
+        /// What went wrong.
+        message: String,
+        /// The run directory.
+        run_dir: PathBuf,
+    },
+}
+
+impl RunError {
+    /// The exit code `softverbs run` returns for this error: [`EXIT_USAGE`] or
+    /// [`EXIT_HARNESS`].
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RunError::Usage(_) => EXIT_USAGE,
+            RunError::Harness { .. } => EXIT_HARNESS,
+        }
+    }
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Usage(m) => f.write_str(m),
+            RunError::Harness { message, run_dir } => write!(
+                f,
+                "{message}; every node process was stopped; evidence in {}",
+                run_dir.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
 /// Runs `softverbs run`; returns the exit code.
 pub fn run(args: &RunArgs) -> u8 {
-    let cfg = match validate(args) {
-        Ok(c) => c,
-        Err(e) => {
+    let report = match execute(args, &Options::default()) {
+        Ok(r) => r,
+        Err(RunError::Usage(e)) => {
             eprintln!("softverbs run: {e}");
             return EXIT_USAGE;
         }
+        Err(RunError::Harness { message, run_dir }) => {
+            eprintln!("softverbs run: {message}");
+            eprintln!(
+                "softverbs run: every node process was stopped; evidence in {}",
+                run_dir.display()
+            );
+            return EXIT_HARNESS;
+        }
     };
+    print!("{}", render(&report));
+    if let Some(path) = &args.report {
+        if let Err(e) = write_report(&report, path) {
+            eprintln!("softverbs run: {e}");
+            return EXIT_HARNESS;
+        }
+    }
+    report.exit_code
+}
+
+/// Writes `report` as pretty JSON to `path`. Errors name the file.
+pub fn write_report(report: &Report, path: &Path) -> Result<(), String> {
+    serde_json::to_vec_pretty(report)
+        .map_err(|e| e.to_string())
+        .and_then(|j| std::fs::write(path, j).map_err(|e| e.to_string()))
+        .map_err(|e| format!("cannot write the report {}: {e}", path.display()))
+}
+
+/// Runs one fault-injection run as `softverbs run` does — validate, start the nodes, run the
+/// workload with its faults, stop everything, check the evidence — and returns its report
+/// (whose `exit_code` is 0 or 1) without printing it or writing `args.report`.
+///
+/// Errors: [`RunError::Usage`] for invalid flags or plan (nothing was started, not even the
+/// run directory); [`RunError::Harness`] when the nodes could not be started or connected.
+/// Every child process is reaped before this returns, in every case.
+pub fn execute(args: &RunArgs, opts: &Options) -> Result<Report, RunError> {
+    let cfg = validate(args, opts.plan_text.as_deref()).map_err(RunError::Usage)?;
     let started = Instant::now();
     let (tx, rx) = mpsc::channel();
     let mut orch = Orchestrator {
@@ -75,66 +177,60 @@ pub fn run(args: &RunArgs) -> u8 {
         t0: None,
         resumes: Vec::new(),
     };
-    if let Some(dir) = &orch.cfg.pcap_dir {
+    if !opts.quiet {
+        if let Some(dir) = &orch.cfg.pcap_dir {
+            eprintln!(
+                "softverbs run: note: --pcap-dir {}: the UDP driver has no live capture yet; no \
+                 pcap is written",
+                dir.display()
+            );
+        }
         eprintln!(
-            "softverbs run: note: --pcap-dir {}: the UDP driver has no live capture yet; no pcap \
-             is written",
-            dir.display()
-        );
-    }
-    eprintln!(
-        "softverbs run: {} nodes, {}, seed {}, run dir {}",
-        orch.cfg.nodes,
-        orch.cfg.workload.name(),
-        orch.cfg.seed,
-        orch.cfg.run_dir.display()
-    );
-    if let Err(e) = orch.setup() {
-        eprintln!("softverbs run: {e}");
-        orch.procs.kill_all();
-        eprintln!(
-            "softverbs run: every node process was stopped; evidence in {}",
+            "softverbs run: {} nodes, {}, seed {}, run dir {}",
+            orch.cfg.nodes,
+            orch.cfg.workload.name(),
+            orch.cfg.seed,
             orch.cfg.run_dir.display()
         );
-        return EXIT_HARNESS;
     }
-    orch.workload_phase();
+    if let Err(message) = orch.setup() {
+        orch.procs.kill_all();
+        return Err(RunError::Harness {
+            message,
+            run_dir: orch.cfg.run_dir.clone(),
+        });
+    }
+    orch.workload_phase(&opts.progress);
     orch.shutdown();
     if orch.cfg.self_test_corrupt {
         match corrupt_evidence(&orch.cfg) {
-            Ok(what) => eprintln!("softverbs run: self-test: corrupted {what}"),
+            Ok(what) => {
+                if !opts.quiet {
+                    eprintln!("softverbs run: self-test: corrupted {what}");
+                }
+            }
             Err(e) => orch
                 .harness_errors
                 .push(format!("self-test corruption failed: {e}")),
         }
     }
-    let report = orch.report(started);
-    print!("{}", render(&report));
-    if let Some(path) = &orch.cfg.report {
-        let written = serde_json::to_vec_pretty(&report)
-            .map_err(|e| e.to_string())
-            .and_then(|j| std::fs::write(path, j).map_err(|e| e.to_string()));
-        if let Err(e) = written {
-            eprintln!(
-                "softverbs run: cannot write the report {}: {e}",
-                path.display()
-            );
-            return EXIT_HARNESS;
-        }
-    }
-    report.exit_code
+    Ok(orch.report(started))
 }
 
-fn validate(args: &RunArgs) -> Result<Config, String> {
+fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
     let seed = args.seed.unwrap_or_else(|| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         layout::mix(nanos ^ u64::from(std::process::id())) >> 16
     });
-    let plan = match &args.faults {
-        None => RunPlan::empty(seed),
-        Some(path) => {
+    let plan = match (&args.faults, plan_text) {
+        (None, None) => RunPlan::empty(seed),
+        (None, Some(text)) => plan::parse(text, seed, args.nodes).map_err(|e| e.to_string())?,
+        (Some(path), Some(text)) => {
+            plan::parse(text, seed, args.nodes).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        (Some(path), None) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read the plan file {}: {e}", path.display()))?;
             plan::parse(&text, seed, args.nodes).map_err(|e| format!("{}: {e}", path.display()))?
@@ -192,7 +288,6 @@ fn validate(args: &RunArgs) -> Result<Config, String> {
         duration: args.duration,
         plan,
         plan_path: args.faults.clone(),
-        report: args.report.clone(),
         pcap_dir: args.pcap_dir.clone(),
         run_dir,
         qp: QpParams {
@@ -592,10 +687,10 @@ impl Orchestrator {
         self.nodes[i].gen0.is_some_and(|s| self.procs.0[s].alive)
     }
 
-    fn workload_phase(&mut self) {
+    fn workload_phase(&mut self, progress: &Progress) {
         let hard = self.t0.unwrap_or_else(Instant::now) + self.cfg.timeout;
-        let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let mut last_line = Instant::now();
+        let bar = self.progress_bar(progress);
+        let mut last_draw = Instant::now();
         loop {
             match self.rx.recv_timeout(Duration::from_millis(5)) {
                 Ok(ev) => {
@@ -610,14 +705,11 @@ impl Orchestrator {
             self.reap();
             self.apply_faults();
             self.resume_due(false);
-            if tty && last_line.elapsed() >= Duration::from_millis(200) {
-                let ops: Vec<String> = self.nodes.iter().map(|n| n.ops.to_string()).collect();
-                eprint!(
-                    "\r[{:>6.2} s] ops per node: {}   ",
-                    self.elapsed().as_secs_f64(),
-                    ops.join(" / ")
-                );
-                last_line = Instant::now();
+            if let Some(bar) = &bar {
+                if last_draw.elapsed() >= Duration::from_millis(100) {
+                    self.update_bar(bar);
+                    last_draw = Instant::now();
+                }
             }
             let all_over =
                 (0..self.nodes.len()).all(|i| self.nodes[i].finished || !self.gen0_alive(i));
@@ -641,8 +733,11 @@ impl Orchestrator {
                 break;
             }
         }
-        if tty {
-            eprintln!();
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+            if let Progress::In(multi) = progress {
+                multi.remove(&bar);
+            }
         }
         for (f, state) in &mut self.faults {
             if matches!(state, FaultState::Pending) {
@@ -652,6 +747,69 @@ impl Orchestrator {
                 ));
             }
         }
+    }
+
+    /// The workload phase's bar: operations done of the target (`--ops`), or time elapsed of
+    /// `--duration`; per-node operations and states in its message.
+    fn progress_bar(&self, progress: &Progress) -> Option<indicatif::ProgressBar> {
+        use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+        let (len, template) = match (self.cfg.ops, self.cfg.duration) {
+            (_, Some(d)) => (
+                d.as_millis() as u64,
+                "{prefix} [{bar:30}] {pos}/{len} ms  {msg}",
+            ),
+            (Some(ops), None) => (
+                ops.saturating_mul(u64::from(self.cfg.nodes)),
+                "{prefix} [{bar:30}] {pos}/{len} ops  {msg}",
+            ),
+            (None, None) => return None,
+        };
+        let bar = match progress {
+            Progress::Hidden => return None,
+            Progress::Stderr => {
+                ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr())
+            }
+            Progress::In(multi) => multi.add(ProgressBar::new(len)),
+        };
+        if bar.is_hidden() {
+            return None;
+        }
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(format!(
+            "{} seed {}",
+            self.cfg.workload.name(),
+            self.cfg.seed
+        ));
+        Some(bar)
+    }
+
+    fn update_bar(&self, bar: &indicatif::ProgressBar) {
+        let pos = match self.cfg.duration {
+            Some(_) => self.elapsed().as_millis() as u64,
+            None => self.nodes.iter().map(|n| n.ops).sum(),
+        };
+        bar.set_position(pos.min(bar.length().unwrap_or(u64::MAX)));
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let paused = n.current.is_some_and(|s| self.procs.0[s].paused);
+                let state = if n.killed_at.is_some() {
+                    " killed"
+                } else if paused {
+                    " paused"
+                } else if n.finished {
+                    " done"
+                } else {
+                    ""
+                };
+                format!("n{i} {}{state}", n.ops)
+            })
+            .collect();
+        bar.set_message(nodes.join(" | "));
     }
 
     fn kill_slot(&mut self, slot: usize) -> u64 {
@@ -879,16 +1037,8 @@ impl Orchestrator {
         let c = &self.cfg;
         let expect_reason = if c.plan.expect_errors {
             Some("the plan says [harness] expect_errors = true".to_owned())
-        } else if plan::may_cut_links(&c.plan.network) {
-            Some("the plan has partition, hold or p >= 0.5 drop rules".to_owned())
-        } else if plan::retry_exhaustion_plausible(&c.plan.network, c.qp.retry_cnt) {
-            Some(format!(
-                "up to {:.0} % random loss per datagram may exhaust retry_cnt {}",
-                plan::loss_bound(&c.plan.network) * 100.0,
-                c.qp.retry_cnt
-            ))
         } else {
-            None
+            plan::retry_exhaustion_reason(&c.plan.network, &c.qp)
         };
         let evidence = Evidence {
             nodes: c.nodes,

@@ -38,6 +38,8 @@ use std::fmt;
 use std::time::Duration;
 
 use emu_fault::{Action, FaultPlan, PlanError, Position};
+
+use crate::run::proto::QpParams;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -455,19 +457,39 @@ pub fn format_duration(d: Duration) -> String {
     format!("{ns}ns")
 }
 
-/// Whether the plan has rules that can cut a link for good (partitions, holds, certain
-/// drops): then retry exhaustion is an expected outcome, not a violation.
-pub fn may_cut_links(plan: &FaultPlan) -> bool {
-    plan.rules.iter().any(|r| match r.action {
-        Action::Partition { .. } | Action::Hold { .. } => true,
-        Action::Drop => r.probability >= 0.5,
-        _ => false,
+/// The chance above which retry exhaustion counts as a plausible outcome of a plan's random
+/// loss (per retry sequence: `retry_cnt + 1` attempts in a row failing).
+pub const EXHAUSTION_THRESHOLD: f64 = 1e-5;
+
+/// The first rule that can cut a link for good, described: a partition or hold that never
+/// ends (no window, or one that never closes; a hold without `until`), or a drop that fires
+/// with probability ≥ 0.5 for ever.
+pub fn cuts_links_for_good(plan: &FaultPlan) -> Option<String> {
+    plan.rules.iter().enumerate().find_map(|(i, r)| {
+        let endless = r
+            .matcher
+            .window
+            .is_none_or(|w| w.end == emu_proto::Instant::MAX);
+        let once = matches!(r.matcher.nth, Some(emu_fault::Nth::Only(_)));
+        match r.action {
+            Action::Partition { .. } if endless && !once => {
+                Some(format!("rule[{i}] partitions a link and never heals"))
+            }
+            Action::Hold { until: None } if !once => Some(format!(
+                "rule[{i}] holds datagrams until they are released by hand"
+            )),
+            Action::Drop if endless && !once && r.probability >= 0.5 => Some(format!(
+                "rule[{i}] drops {:.0} % of the datagrams for ever",
+                r.probability * 100.0
+            )),
+            _ => None,
+        }
     })
 }
 
 /// An upper bound on the chance that one datagram is lost to the plan's `drop`, `corrupt`
 /// and `truncate` rules (corrupted and truncated datagrams fail the receiver's ICRC check),
-/// taking every rule as if it matched every datagram.
+/// taking every rule as if it matched every datagram at all times.
 pub fn loss_bound(plan: &FaultPlan) -> f64 {
     let kept: f64 = plan
         .rules
@@ -483,15 +505,134 @@ pub fn loss_bound(plan: &FaultPlan) -> f64 {
     1.0 - kept
 }
 
-/// Whether the plan's random loss may plausibly exhaust `retry_cnt` retries: an attempt (a
-/// request and its answer, each crossing one injector) fails with `f = 1 - (1 - p)²`, and
-/// `retry_cnt + 1` failures in a row are more likely than 10⁻⁵ per retry. Then a retry
-/// exhaustion is a legitimate outcome, not a liveness violation (10 % loss with 7 retries
-/// stays strict; 15 % does not).
-pub fn retry_exhaustion_plausible(plan: &FaultPlan, retry_cnt: u8) -> bool {
-    let p = loss_bound(plan);
-    let f = 1.0 - (1.0 - p) * (1.0 - p);
-    f.powi(i32::from(retry_cnt) + 1) > 1e-5
+/// A rule's loss as a function of time: `p` in `[start, end)` (nanoseconds since the start).
+#[derive(Copy, Clone, Debug)]
+struct LossSpan {
+    start: u64,
+    end: u64,
+    p: f64,
+}
+
+/// The loss spans of the plan: `drop`, `corrupt`, `truncate` (lost to the ICRC check) with
+/// their probability, partitions and holds with certainty, each over its window (a hold until
+/// its `until`). Rules that fire on one datagram only (`nth`) lose one datagram, not a
+/// stretch, and are left out; other matchers (QPN, opcode, PSN, direction) are taken to match
+/// everything, so the bound is conservative.
+fn loss_spans(plan: &FaultPlan) -> Vec<LossSpan> {
+    plan.rules
+        .iter()
+        .filter(|r| !matches!(r.matcher.nth, Some(emu_fault::Nth::Only(_))))
+        .filter_map(|r| {
+            let (start, mut end) = r
+                .matcher
+                .window
+                .map_or((0, u64::MAX), |w| (w.start.as_nanos(), w.end.as_nanos()));
+            let p = match r.action {
+                Action::Drop | Action::Corrupt | Action::Truncate { .. } => r.probability,
+                Action::Partition { .. } => r.probability,
+                Action::Hold { until } => {
+                    end = end.min(until.map_or(u64::MAX, |u| u.as_nanos()));
+                    r.probability
+                }
+                _ => return None,
+            };
+            Some(LossSpan {
+                start,
+                end,
+                p: p.clamp(0.0, 1.0),
+            })
+        })
+        .collect()
+}
+
+/// The worst chance, over every moment a retry sequence can start, that all `retry_cnt + 1`
+/// attempts of a requester fail under the plan's loss: an attempt at time `t` (a request and
+/// its answer, each crossing one injector) fails with `f(t) = 1 - (1 - p(t))²`, where `p(t)`
+/// combines the loss of every rule active at `t`, and attempts are one local ACK timeout
+/// apart. A loss window shorter than the retry budget therefore only costs the attempts that
+/// fall into it: faults that heal within the budget keep the chance small.
+pub fn worst_exhaustion_chance(plan: &FaultPlan, qp: &QpParams) -> f64 {
+    let spans = loss_spans(plan);
+    let step = qp.ack_timeout().as_nanos() as u64;
+    let attempts = u64::from(qp.retry_cnt) + 1;
+    let loss_at = |t: u64| {
+        1.0 - spans
+            .iter()
+            .filter(|s| s.start <= t && t < s.end)
+            .map(|s| 1.0 - s.p)
+            .product::<f64>()
+    };
+    let chance_from = |t0: u64| {
+        (0..attempts)
+            .map(|k| {
+                let kept = 1.0 - loss_at(t0.saturating_add(k.saturating_mul(step)));
+                1.0 - kept * kept
+            })
+            .product::<f64>()
+    };
+    // The chance is piecewise constant in the start time, changing only where an attempt
+    // crosses a span boundary: evaluating at those start times (and 0) finds the maximum.
+    let mut starts = vec![0u64];
+    for s in &spans {
+        for b in [s.start, s.end] {
+            if b == u64::MAX {
+                continue;
+            }
+            for k in 0..attempts {
+                starts.push(b.saturating_sub(k.saturating_mul(step)));
+            }
+        }
+    }
+    starts.into_iter().map(chance_from).fold(0.0, f64::max)
+}
+
+/// Whether the plan's random loss may plausibly exhaust the retries of QPs with `qp`:
+/// [`worst_exhaustion_chance`] above [`EXHAUSTION_THRESHOLD`]. Then a retry exhaustion is a
+/// legitimate outcome, not a liveness violation (10 % loss for the whole run with 7 retries
+/// stays strict, 15 % does not; 30 % for two ACK timeouts stays strict).
+pub fn retry_exhaustion_plausible(plan: &FaultPlan, qp: &QpParams) -> bool {
+    worst_exhaustion_chance(plan, qp) > EXHAUSTION_THRESHOLD
+}
+
+/// Delays (the sum of every delay rule's longest delay, on a request and on its answer) that
+/// reach the retry budget: then a requester can run out of retries before any answer arrives.
+fn delays_reach_budget(plan: &FaultPlan, qp: &QpParams) -> Option<Duration> {
+    let longest: Duration = plan
+        .rules
+        .iter()
+        .filter_map(|r| match r.action {
+            Action::Delay { max, .. } => Some(max),
+            _ => None,
+        })
+        .sum();
+    (longest * 2 >= qp.retry_budget()).then_some(longest)
+}
+
+/// Why retry exhaustion is a legitimate outcome of the plan's network faults for QPs with
+/// `qp` — a link cut for good ([`cuts_links_for_good`]), delays that reach the retry budget,
+/// or loss heavy or long enough ([`retry_exhaustion_plausible`]) — or `None` when the faults
+/// heal within the retry budget, in which case every error they cause is a violation.
+pub fn retry_exhaustion_reason(plan: &FaultPlan, qp: &QpParams) -> Option<String> {
+    if let Some(why) = cuts_links_for_good(plan) {
+        return Some(why);
+    }
+    if let Some(d) = delays_reach_budget(plan, qp) {
+        return Some(format!(
+            "delays of up to {} each way reach the retry budget of {} ms",
+            format_duration(d),
+            qp.retry_budget().as_millis()
+        ));
+    }
+    let chance = worst_exhaustion_chance(plan, qp);
+    (chance > EXHAUSTION_THRESHOLD).then(|| {
+        format!(
+            "up to {:.0} % loss per datagram may exhaust retry_cnt {} (all {} attempts lost: \
+             p ≈ {chance:.1e})",
+            loss_bound(plan) * 100.0,
+            qp.retry_cnt,
+            u32::from(qp.retry_cnt) + 1
+        )
+    })
 }
 
 /// The network plan with every time (windows, hold release) moved later by `offset`, so that
@@ -632,12 +773,72 @@ expect_errors = true
 
     #[test]
     fn heavy_loss_may_exhaust_retries() {
+        let qp = |retry_cnt| QpParams {
+            timeout: 14,
+            retry_cnt,
+            rnr_retry: 7,
+        };
         let plan = |p: f64| FaultPlan::new(1).rule(emu_fault::drop(p));
-        assert!(!retry_exhaustion_plausible(&plan(0.1), 7));
-        assert!(retry_exhaustion_plausible(&plan(0.15), 7));
-        assert!(retry_exhaustion_plausible(&plan(0.1), 3));
-        assert!(!retry_exhaustion_plausible(&FaultPlan::new(1), 0));
+        assert!(!retry_exhaustion_plausible(&plan(0.1), &qp(7)));
+        assert!(retry_exhaustion_plausible(&plan(0.15), &qp(7)));
+        assert!(retry_exhaustion_plausible(&plan(0.1), &qp(3)));
+        assert!(!retry_exhaustion_plausible(&FaultPlan::new(1), &qp(0)));
         assert!((loss_bound(&plan(0.5).rule(emu_fault::corrupt(0.5))) - 0.75).abs() < 1e-9);
+        assert!(retry_exhaustion_reason(&plan(0.05), &qp(7)).is_none());
+        assert!(retry_exhaustion_reason(&plan(0.6), &qp(7)).is_some());
+    }
+
+    #[test]
+    fn faults_that_heal_within_the_budget_stay_strict() {
+        let qp = QpParams {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        };
+        let t = qp.ack_timeout().as_nanos() as u64;
+        let at = emu_proto::Instant::from_nanos;
+        let base = FaultPlan::new(1).rule(emu_fault::drop(0.05));
+        // 30 % loss for two ACK timeouts on top of 5 %: at most two attempts in the storm.
+        let storm = base
+            .clone()
+            .rule(emu_fault::drop(0.3).between(at(100 * t), at(102 * t)));
+        assert!(retry_exhaustion_reason(&storm, &qp).is_none());
+        // The same storm for the whole run is not.
+        assert!(retry_exhaustion_reason(&base.clone().rule(emu_fault::drop(0.3)), &qp).is_some());
+        // A partition that heals after two ACK timeouts: strict; one that lasts the whole
+        // budget, or never heals: not.
+        let cut = |end| {
+            base.clone().rule(
+                emu_fault::partition(emu_fault::NodeId(0), emu_fault::NodeId(1))
+                    .between(at(10 * t), end),
+            )
+        };
+        assert!(retry_exhaustion_reason(&cut(at(12 * t)), &qp).is_none());
+        assert!(retry_exhaustion_reason(&cut(at(18 * t)), &qp).is_some());
+        assert!(
+            retry_exhaustion_reason(&cut(emu_proto::Instant::MAX), &qp)
+                .unwrap()
+                .contains("never heals")
+        );
+        // Two short partitions one budget apart cannot hit one retry sequence together; two
+        // back to back act as one long one.
+        let two = |gap: u64| {
+            cut(at(12 * t)).rule(
+                emu_fault::partition(emu_fault::NodeId(1), emu_fault::NodeId(2))
+                    .between(at((12 + gap) * t), at((14 + gap) * t)),
+            )
+        };
+        assert!(retry_exhaustion_reason(&two(8), &qp).is_none());
+        assert!(retry_exhaustion_reason(&two(1), &qp).is_some());
+        // Delays that reach the budget.
+        let slow = FaultPlan::new(1).rule(emu_fault::delay(
+            Duration::ZERO..=Duration::from_millis(300),
+        ));
+        assert!(
+            retry_exhaustion_reason(&slow, &qp)
+                .unwrap()
+                .contains("delays")
+        );
     }
 
     #[test]

@@ -109,21 +109,44 @@ pub fn test_dir(name: &str) -> PathBuf {
 /// Runs `softverbs run ARGS` with `plan` (if any) as `--faults`, a run dir and a report in a
 /// fresh directory, killing everything after `limit`.
 pub fn run(name: &str, args: &[&str], plan: Option<&str>, limit: Duration) -> Outcome {
-    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = test_dir(name);
     let run_dir = dir.join("run");
     let report = dir.join("report.json");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_softverbs"));
-    cmd.arg("run").args(args);
+    let mut full: Vec<String> = vec!["run".into()];
+    full.extend(args.iter().map(|a| a.to_string()));
     if let Some(plan) = plan {
         let path = dir.join("plan.toml");
         std::fs::write(&path, plan).unwrap();
-        cmd.arg("--faults").arg(path);
+        full.push("--faults".into());
+        full.push(path.display().to_string());
     }
-    cmd.arg("--run-dir")
-        .arg(&run_dir)
-        .arg("--report")
-        .arg(&report)
+    full.extend([
+        "--run-dir".to_string(),
+        run_dir.display().to_string(),
+        "--report".to_string(),
+        report.display().to_string(),
+    ]);
+    let full: Vec<&str> = full.iter().map(String::as_str).collect();
+    let (code, stdout, stderr) = softverbs(&full, limit);
+    let report = std::fs::read(&report)
+        .ok()
+        .map(|bytes| serde_json::from_slice(&bytes).unwrap());
+    Outcome {
+        code,
+        stdout,
+        stderr,
+        report,
+        run_dir,
+    }
+}
+
+/// Runs `softverbs ARGS` (any subcommand) in its own process group, one at a time, killing
+/// everything after `limit`; checks that it left no process of its group behind. Returns the
+/// exit code, stdout and stderr.
+pub fn softverbs(args: &[&str], limit: Duration) -> (i32, String, String) {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_softverbs"));
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -147,7 +170,7 @@ pub fn run(name: &str, args: &[&str], plan: Option<&str>, limit: Duration) -> Ou
     let status = loop {
         if Instant::now() >= deadline {
             drop(guard);
-            panic!("softverbs run {args:?} did not finish in {limit:?}");
+            panic!("softverbs {args:?} did not finish in {limit:?}");
         }
         if let Some(status) = child.try_wait().unwrap() {
             break status;
@@ -159,20 +182,11 @@ pub fn run(name: &str, args: &[&str], plan: Option<&str>, limit: Duration) -> Ou
     let left = group_members(pgid);
     if !left.is_empty() {
         kill_group(pgid);
-        panic!("softverbs run {args:?} left processes {left:?} behind");
+        panic!("softverbs {args:?} left processes {left:?} behind");
     }
     let stdout = out_thread.join().unwrap();
     let stderr = err_thread.join().unwrap();
-    let report = std::fs::read(&report)
-        .ok()
-        .map(|bytes| serde_json::from_slice(&bytes).unwrap());
-    Outcome {
-        code: status.code().unwrap_or(-1),
-        stdout,
-        stderr,
-        report,
-        run_dir,
-    }
+    (status.code().unwrap_or(-1), stdout, stderr)
 }
 
 /// `n` as u64 from a JSON number (0 if absent).

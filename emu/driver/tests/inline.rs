@@ -1,0 +1,243 @@
+//! Run-to-completion on the UDP path: verbs calls send the packets they make ready from the
+//! caller's thread, through the same send-side faults and capture as the progress thread; in
+//! busy-poll mode the application threads that poll the devices drive them. Every wait is
+//! bounded.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use common::*;
+use emu_driver::{UdpMr, UdpProvider};
+use emu_fault::{FaultPlan, drop, duplicate};
+use verbs_api::{
+    CompletionQueue, MemoryRegion, QueuePair, RcConnectOptions, RecvWr, SendFlags, SendOp, SendWr,
+    WcOpcode, WcStatus, WorkCompletion,
+};
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("softverbs-{name}-{}.pcap", std::process::id()))
+}
+
+/// The number of frames in a pcap file.
+fn frames(path: &Path) -> u64 {
+    let file = std::fs::File::open(path).unwrap();
+    let mut reader = pcap_file::pcap::PcapReader::new(file).unwrap();
+    let mut n = 0;
+    while let Some(pkt) = reader.next_packet() {
+        pkt.unwrap();
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn inline_sends_pass_the_send_side_faults_and_the_capture() {
+    let path = temp("inline-capture");
+    let p = UdpProvider::builder()
+        .device(addr("127.0.0.101:0"))
+        .device(addr("127.0.0.102:0"))
+        .capture(&path)
+        .build()
+        .unwrap();
+    let opts = RcConnectOptions {
+        timeout: 10, // ~4.2 ms: the retransmission after the drops comes quickly
+        ..RcConnectOptions::default()
+    };
+    let (a, b) = pair(&p, &opts);
+    let dst = b.mr(4096);
+
+    // Every datagram a sends goes out twice; b drops each copy as a duplicate request.
+    a.ctx
+        .set_faults(Some(FaultPlan::new(1).rule(duplicate(1))))
+        .unwrap();
+    let before = a.ctx.driver_stats();
+    const PINGS: u64 = 20;
+    for i in 0..PINGS {
+        b.qp.post_recv(&[RecvWr::new(i, &[dst.sge(0, 64).unwrap()])])
+            .unwrap();
+        a.qp.post_send(&[SendWr::inline(i, SendOp::Send, b"ping")])
+            .unwrap();
+        assert_eq!(a.wc().status, WcStatus::Success);
+        let wc = b.wc();
+        assert_eq!((wc.wr_id, wc.byte_len), (i, 4));
+    }
+    let s = a.ctx.driver_stats();
+    // The posts sent their SENDs from this thread (a post leaves them to the progress thread
+    // only while that one runs a pass, never for all of them)...
+    assert!(s.inline_sends > before.inline_sends, "{s:?}");
+    // ... through the fault stage: each SEND went out twice.
+    let duplicated = a.ctx.fault_counters().unwrap().total().duplicated;
+    assert!(duplicated >= PINGS, "{duplicated} duplicated");
+    assert!(
+        s.datagrams_sent - before.datagrams_sent >= 2 * PINGS,
+        "{s:?}"
+    );
+    // (The last copy may still be on its way.)
+    assert!(wait_until(WAIT, || {
+        b.qp.stats().unwrap().duplicate_request >= PINGS
+    }));
+
+    // Every datagram a sends is dropped: nothing reaches b until the plan is removed, then
+    // a retransmission does.
+    a.ctx
+        .set_faults(Some(FaultPlan::new(2).rule(drop(1.0))))
+        .unwrap();
+    b.qp.post_recv(&[RecvWr::new(99, &[dst.sge(0, 64).unwrap()])])
+        .unwrap();
+    let received = b.ctx.driver_stats().datagrams_received;
+    a.qp.post_send(&[SendWr::inline(99, SendOp::Send, b"lost once")])
+        .unwrap();
+    assert!(wait_until(WAIT, || {
+        a.ctx.fault_counters().unwrap().total().dropped >= 2
+    }));
+    assert_eq!(b.ctx.driver_stats().datagrams_received, received);
+    a.ctx.set_faults(None).unwrap();
+    assert_eq!(b.wc().wr_id, 99);
+    assert_eq!(a.wc().status, WcStatus::Success);
+    assert!(a.qp.stats().unwrap().retransmits_timeout >= 1);
+
+    p.shutdown();
+    p.finish_capture().unwrap();
+    let (sa, sb) = (a.ctx.driver_stats(), b.ctx.driver_stats());
+    // The file holds what the sockets carried (duplicates twice, drops never), each once.
+    let sent = sa.datagrams_sent + sb.datagrams_sent;
+    assert_eq!(sa.captured + sb.captured, sent, "{sa:?} {sb:?}");
+    assert_eq!(frames(&path), sent);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The next completion of `node`'s CQ, spinning on `poll` (no channel, no sleep).
+fn spin_wc(node: &Node) -> WorkCompletion {
+    let deadline = Instant::now() + WAIT;
+    let mut wc = [WorkCompletion::default()];
+    loop {
+        if node.cq.poll(&mut wc).unwrap() == 1 {
+            assert_eq!(wc[0].status, WcStatus::Success, "{:?}", wc[0]);
+            return wc[0];
+        }
+        assert!(Instant::now() < deadline, "no completion in time");
+    }
+}
+
+const ROUNDS: u8 = 100;
+
+/// A SEND ping-pong of `ROUNDS` messages each way, `first` sending first, waiting by spinning
+/// on the CQ.
+fn send_pingpong(me: &Node, first: bool) {
+    let buf = me.mr(64 * ROUNDS as usize);
+    for i in 0..ROUNDS {
+        let at = 64 * i as usize;
+        me.qp
+            .post_recv(&[RecvWr::new(u64::from(i), &[buf.sge(at, 64).unwrap()])])
+            .unwrap();
+    }
+    let (mut sent, mut received) = (0u8, 0u8);
+    let send = |n: u8| {
+        me.qp
+            .post_send(&[SendWr::inline(u64::from(n), SendOp::Send, &[n; 8])])
+            .unwrap();
+    };
+    for n in 0..ROUNDS {
+        if first {
+            send(n);
+        }
+        while received <= n {
+            let wc = spin_wc(me);
+            if wc.opcode == WcOpcode::Recv {
+                let mut got = [0u8; 8];
+                buf.read(64 * wc.wr_id as usize, &mut got).unwrap();
+                assert_eq!(got, [received; 8], "message {received}");
+                received += 1;
+            } else {
+                sent += 1;
+            }
+        }
+        if !first {
+            send(n);
+        }
+    }
+    while sent < ROUNDS {
+        assert_ne!(spin_wc(me).opcode, WcOpcode::Recv);
+        sent += 1;
+    }
+}
+
+/// `ib_write_lat`'s pattern: WRITE round `n` into the peer's byte, wait for the peer's WRITE by
+/// spinning on our own MR's byte (reaping our completions meanwhile).
+fn write_pingpong(me: &Node, mine: &UdpMr, peer: (u64, u32), first: bool) {
+    let src = me.mr(8);
+    let op = SendOp::RdmaWrite {
+        remote_addr: peer.0,
+        rkey: peer.1,
+    };
+    let mut unreaped = 0u32;
+    let mut write = |n: u8| {
+        src.write(0, &[n]).unwrap();
+        me.qp
+            .post_send(&[SendWr::new(u64::from(n), op, &[src.sge(0, 1).unwrap()])
+                .with_flags(SendFlags::SIGNALED)])
+            .unwrap();
+        unreaped += 1;
+    };
+    for n in 1..=ROUNDS {
+        if first {
+            write(n);
+        }
+        let deadline = Instant::now() + WAIT;
+        let mut byte = [0u8];
+        while byte[0] != n {
+            mine.read(0, &mut byte).unwrap();
+            assert!(Instant::now() < deadline, "no WRITE {n} from the peer");
+        }
+        if !first {
+            write(n);
+        }
+    }
+    for _ in 0..unreaped {
+        assert_eq!(spin_wc(me).opcode, WcOpcode::RdmaWrite);
+    }
+}
+
+#[test]
+fn busy_poll_application_threads_drive_both_directions() {
+    let p = UdpProvider::builder()
+        .device(addr("127.0.0.103:0"))
+        .device(addr("127.0.0.104:0"))
+        .busy_poll(true)
+        .build()
+        .unwrap();
+    let (a, b) = pair(&p, &RcConnectOptions::default());
+    assert!(a.ctx.busy_poll() && b.ctx.busy_poll());
+    let (ma, mb) = (a.mr(64), b.mr(64));
+    let (ra, rb) = ((ma.addr(), ma.rkey()), (mb.addr(), mb.rkey()));
+    let before = (a.ctx.driver_stats(), b.ctx.driver_stats());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            send_pingpong(&a, true);
+            write_pingpong(&a, &ma, rb, true);
+        });
+        s.spawn(|| {
+            send_pingpong(&b, false);
+            write_pingpong(&b, &mb, ra, false);
+        });
+    });
+    let after = (a.ctx.driver_stats(), b.ctx.driver_stats());
+    for (x, y) in [(before.0, after.0), (before.1, after.1)] {
+        // The polling threads ran passes themselves, and traffic went both ways.
+        assert!(y.app_passes > x.app_passes, "{y:?}");
+        assert!(y.datagrams_sent >= x.datagrams_sent + 2 * u64::from(ROUNDS));
+        assert!(y.datagrams_received >= x.datagrams_received + 2 * u64::from(ROUNDS));
+    }
+    // Nobody polls any more: the progress threads take over, and a waiter on a completion
+    // channel is served by them.
+    let dst = b.mr(64);
+    b.qp.post_recv(&[RecvWr::new(7, &[dst.sge(0, 64).unwrap()])])
+        .unwrap();
+    a.qp.post_send(&[SendWr::inline(7, SendOp::Send, b"after")])
+        .unwrap();
+    assert_eq!(b.wc().wr_id, 7);
+    assert_eq!(a.wc().wr_id, 7);
+}

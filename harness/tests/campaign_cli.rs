@@ -1,0 +1,232 @@
+//! `softverbs campaign`: plans are a function of the seed, a small campaign passes and reports
+//! every run, a violation fails the campaign (exit 1) with only the failing run's evidence kept
+//! and a replay command that works, and bad flags are refused before anything starts.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{num, softverbs, test_dir};
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// Runs `softverbs campaign ARGS --run-dir DIR/runs --report DIR/report.json`.
+fn campaign(name: &str, args: &[&str]) -> (i32, String, String, Option<Value>, std::path::PathBuf) {
+    let dir = test_dir(name);
+    let runs = dir.join("runs");
+    let report = dir.join("report.json");
+    let mut full = vec!["campaign"];
+    full.extend_from_slice(args);
+    let (runs_s, report_s) = (runs.display().to_string(), report.display().to_string());
+    full.extend(["--run-dir", &runs_s, "--report", &report_s]);
+    let (code, stdout, stderr) = softverbs(&full, LIMIT);
+    let report = std::fs::read(&report)
+        .ok()
+        .map(|b| serde_json::from_slice(&b).unwrap());
+    (code, stdout, stderr, report, runs)
+}
+
+/// What identifies a run's draw: seed, workload and plan.
+fn draws(report: &Value) -> Vec<(u64, String, Value)> {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                num(&r["seed"]),
+                r["workload"].as_str().unwrap().to_owned(),
+                r["plan"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_same_seed_draws_the_same_plans_and_another_seed_other_ones() {
+    let args = ["--runs", "12", "--seed", "5", "--dry-run"];
+    let (code, stdout, stderr, a, dir) = campaign("dry-a", &args);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let a = a.unwrap();
+    assert_eq!(a["dry_run"], true);
+    assert_eq!(num(&a["totals"]["not_run"]), 12);
+    let plans = entries(&dir.join("plans"));
+    assert_eq!(plans.len(), 12, "{plans:?}");
+    assert_eq!(plans[0], "run-000.toml");
+    assert_eq!(entries(&dir), ["plans"], "a dry run runs nothing");
+    let (_, _, _, b, _) = campaign("dry-b", &args);
+    let b = b.unwrap();
+    assert_eq!(draws(&a), draws(&b));
+    let (_, _, _, c, _) = campaign("dry-c", &["--runs", "12", "--seed", "6", "--dry-run"]);
+    let c = c.unwrap();
+    let (da, dc) = (draws(&a), draws(&c));
+    assert!(
+        da.iter().zip(&dc).all(|(x, y)| x.0 != y.0 && x.2 != y.2),
+        "seed 6 must draw other seeds and plans"
+    );
+    // `cycle` gives every workload in turn.
+    let workloads: Vec<&str> = da.iter().map(|d| d.1.as_str()).take(5).collect();
+    assert_eq!(
+        workloads,
+        [
+            "pingpong",
+            "stream-write",
+            "read-verify",
+            "atomic-counter",
+            "mixed"
+        ]
+    );
+    // Every kind of fault shows up in a dozen plans.
+    for fault in ["loss", "dup", "jitter", "storm", "cut", "pause"] {
+        assert!(stdout.contains(fault), "no {fault} in\n{stdout}");
+    }
+    // The plan files are `softverbs run` plans with the replay command in their header.
+    let text = std::fs::read_to_string(dir.join("plans/run-003.toml")).unwrap();
+    let seed = da[3].0;
+    assert!(text.contains(&format!("--seed {seed} --faults")), "{text}");
+    assert!(text.contains(&format!("seed = {seed}")), "{text}");
+}
+
+#[test]
+fn a_small_campaign_passes_and_reports_every_run() {
+    let args = ["--runs", "3", "--seed", "11", "--duration", "1s"];
+    let (code, stdout, stderr, report, dir) = campaign("small", &args);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let r = report.unwrap();
+    assert_eq!(r["passed"], true);
+    assert_eq!(num(&r["seed"]), 11);
+    let rows = r["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    let mut ops = 0;
+    for (k, row) in rows.iter().enumerate() {
+        assert_eq!(row["verdict"], "pass", "{row}");
+        assert_eq!(num(&row["index"]), k as u64);
+        assert!(num(&row["ops_ok"]) > 0, "{row}");
+        assert_eq!(num(&row["violations"]), 0);
+        assert!(row["evidence"].is_null(), "a passing run keeps no evidence");
+        assert!(
+            row["replay"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("--seed {} --faults", num(&row["seed"]))),
+            "{row}"
+        );
+        ops += num(&row["ops_ok"]);
+    }
+    let t = &r["totals"];
+    assert_eq!((num(&t["runs"]), num(&t["passed"])), (3, 3));
+    assert_eq!(num(&t["ops_ok"]), ops);
+    // Only the plans are left.
+    assert_eq!(entries(&dir), ["plans"]);
+    assert!(stdout.contains("ops ok"), "{stdout}");
+    assert!(stdout.contains("totals: 3 runs: 3 passed"), "{stdout}");
+    assert!(
+        stdout.contains("result: PASS (campaign seed 11)"),
+        "{stdout}"
+    );
+    // A dry run with the same flags drew the same plans.
+    let mut dry = args.to_vec();
+    dry.push("--dry-run");
+    let (_, _, _, d, _) = campaign("small-dry", &dry);
+    assert_eq!(draws(&d.unwrap()), draws(&r));
+}
+
+#[test]
+fn a_violation_fails_the_campaign_keeps_its_evidence_and_replays() {
+    let args = [
+        "--runs",
+        "2",
+        "--seed",
+        "21",
+        "--workload",
+        "stream-write",
+        "--ops",
+        "200",
+        "--self-test-corrupt",
+        "1",
+    ];
+    let (code, stdout, stderr, report, dir) = campaign("violation", &args);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    let r = report.unwrap();
+    assert_eq!(r["passed"], false);
+    assert_eq!(num(&r["exit_code"]), 1);
+    let rows = r["rows"].as_array().unwrap();
+    assert_eq!(rows[0]["verdict"], "pass", "{}", rows[0]);
+    assert_eq!(rows[1]["verdict"], "FAIL", "{}", rows[1]);
+    assert!(num(&rows[1]["violations"]) >= 1);
+    assert!(
+        rows[1]["failed_invariants"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("write-data"),
+        "{}",
+        rows[1]
+    );
+    assert_eq!(num(&r["totals"]["failed"]), 1);
+    // The failing run's evidence, and only its.
+    assert_eq!(entries(&dir), ["plans", "run-001"]);
+    let evidence = entries(&dir.join("run-001"));
+    assert!(evidence.contains(&"report.json".to_owned()), "{evidence:?}");
+    assert!(evidence.contains(&"node0.g0.mr".to_owned()), "{evidence:?}");
+    assert!(stdout.contains("run 1 FAIL"), "{stdout}");
+    assert!(
+        stdout.contains("result: FAIL (1 of 2 runs violated)"),
+        "{stdout}"
+    );
+    // The printed replay command runs that plan again (without the corruption: it passes).
+    let replay = rows[1]["replay"].as_str().unwrap();
+    assert!(stdout.contains(replay), "{stdout}");
+    assert!(replay.contains("plans/run-001.toml"), "{replay}");
+    let mut words: Vec<String> = replay
+        .split_whitespace()
+        .skip(1)
+        .filter(|w| *w != "--self-test-corrupt")
+        .map(str::to_owned)
+        .collect();
+    let again = test_dir("violation-replay").join("run");
+    words.extend(["--run-dir".to_owned(), again.display().to_string()]);
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let (code, stdout, stderr) = softverbs(&words, LIMIT);
+    assert_eq!(code, 0, "{words:?}\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("seed {}", num(&rows[1]["seed"]))),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bad_campaign_flags_exit_2_and_start_nothing() {
+    for args in [
+        &["--runs", "0"][..],
+        &["--workload", "chaos"],
+        &["--ops", "5", "--duration", "1s"],
+        &["--duration", "soon"],
+        &["--jobs", "0"],
+        &["--runs", "2", "--self-test-corrupt", "2"],
+    ] {
+        let (code, stdout, stderr, report, dir) = campaign("bad-flags", args);
+        assert_eq!(code, 2, "{args:?}\n{stdout}\n{stderr}");
+        assert!(report.is_none());
+        assert!(!dir.exists(), "{args:?}: nothing may be created");
+    }
+    let dir = test_dir("busy-dir");
+    std::fs::write(dir.join("something"), "x").unwrap();
+    let d = dir.display().to_string();
+    let (code, _, stderr) = softverbs(&["campaign", "--runs", "1", "--run-dir", &d], LIMIT);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("is not empty"), "{stderr}");
+}

@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# Wire interop: softverbs' UDP device on the host (in the rxe-vm namespace, 10.99.0.1:4791)
+# against Linux SoftRoCE (rxe0 in the rxe-vm guest, 10.99.0.2), over real RoCEv2 packets.
+#
+#   scripts/rxe-interop.sh [--out DIR] [--sizes "64 1024 4096 10000"] [--iters N] [--no-capture]
+#
+# One VM boot runs, in this order:
+#   (a) guest `ibv_rc_pingpong` client  vs host `softverbs pingpong` server, for each size
+#   (b) guest `ibv_rc_pingpong` server  vs host `softverbs pingpong` client, for each size
+#   (c) `softverbs rdma-check` with the host (udp provider) as server and the guest (hw provider,
+#       libibverbs on rxe0, GID index 1) as client: RDMA WRITE and READ-back of 8 B..64 KiB,
+#       WRITE_WITH_IMM and SEND_WITH_IMM, FETCH_ADD and CMP_SWAP, in both directions, verified on
+#       both sides, and the host device's ICRC drop counter checked to be 0
+#   (d) `softverbs icrc-check` on a capture of the tap (dumpcap): the ICRC of every packet in both
+#       directions verified over its real IPv4/UDP headers (a UDP socket cannot see rxe's IPv4
+#       identification, which the ICRC covers; the capture can)
+# The guest runs the same `softverbs` binary (copied with --add; libibverbs is dlopened).
+#
+#   --out DIR   logs: rxe.log (guest console and [host] lines), rxe-vm.stderr, summary.txt
+#               (default: target/rxe-interop)
+#   --sizes     pingpong message sizes (default "64 1024 4096 10000": below, at and above the
+#               1024-byte MTU)
+#   --iters N   pingpong iterations per size (default 200)
+#   --no-capture  skip the tap capture (DIR/tap.pcap) and check (d); without dumpcap (package
+#               wireshark-common, which tshark pulls in) (d) is skipped with a note
+#
+# Needs what `rxe-vm run` needs (root, /dev/net/tun, the Debian mirror for the first `build`).
+# Environment: RXE_VM (the rxe-vm tool; default ../shared/rxe-vm/rxe-vm next to the repository),
+# RXE_VM_TIMEOUT (VM time bound, default 600 s), RXE_VM_NS (namespace, default rxe-vm),
+# CARGO_PROFILE_ARGS (e.g. --release).
+#
+# Prints PASS/FAIL per check. Exit status: 0 when every check passed, 1 otherwise.
+set -euo pipefail
+export LC_ALL=C
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RXE_VM=${RXE_VM:-$ROOT/../shared/rxe-vm/rxe-vm}
+OUT=$ROOT/target/rxe-interop
+SIZES="64 1024 4096 10000"
+ITERS=200
+PCAP=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT=$2; shift ;;
+    --sizes) SIZES=$2; shift ;;
+    --iters) ITERS=$2; shift ;;
+    --no-capture) PCAP=0 ;;
+    *) echo "usage: $0 [--out DIR] [--sizes \"S1 S2 ...\"] [--iters N] [--no-capture]" >&2; exit 2 ;;
+  esac
+  shift
+done
+for s in $SIZES $ITERS; do
+  case "$s" in ''|*[!0-9]*) echo "rxe-interop: not a number: $s" >&2; exit 2 ;; esac
+done
+# TCP ports: (a) 18515 + i, (b) 18535 + i, (c) 18600.
+[ "$(echo $SIZES | wc -w)" -le 20 ] || { echo "rxe-interop: at most 20 sizes" >&2; exit 2; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT"/host-*.log "$OUT/tap.pcap"
+say() { printf 'rxe-interop: %s\n' "$*" >&2; }
+
+cd "$ROOT"
+say "building softverbs ${CARGO_PROFILE_ARGS:-(debug)}"
+# shellcheck disable=SC2086
+BIN=$(cargo build -p softverbs --bin softverbs ${CARGO_PROFILE_ARGS:-} --message-format=json |
+  grep -o '"executable":"[^"]*softverbs"' | sed 's/^"executable":"//; s/"$//' | tail -1)
+[ -n "$BIN" ] && [ -x "$BIN" ] || { say "could not locate the softverbs binary"; exit 1; }
+if ldd "$BIN" | grep -q libibverbs; then
+  say "error: $BIN links libibverbs; it must only dlopen it"
+  exit 1
+fi
+[ -x "$RXE_VM" ] || { say "rxe-vm not found at $RXE_VM (set RXE_VM)"; exit 1; }
+say "binary: $BIN"
+if [ "$PCAP" = 1 ] && ! command -v dumpcap >/dev/null 2>&1; then
+  say "note: dumpcap not found (tshark's wireshark-common): no tap capture, check (d) skipped"
+  PCAP=0
+fi
+
+GUEST_BIN=/root/softverbs
+PP_TIMEOUT=30          # bound of each ibv_rc_pingpong in the guest (rxe retries forever)
+CHECK_TIMEOUT=120      # bound of the guest's rdma-check
+
+# ---- host side: runs inside the namespace, in $OUT -------------------------------------------
+host_script=$OUT/host.sh
+cat >"$host_script" <<EOF
+BIN='$BIN'
+SIZES='$SIZES'
+ITERS=$ITERS
+PCAP=$PCAP
+EOF
+cat >>"$host_script" <<'EOF'
+export SOFTVERBS_PROVIDER=udp
+# --timeout: stall bound once connected; --connect-timeout: waiting for / retrying the peer.
+COMMON="--bind $HOST_IP:4791 -g 0 --timeout 15 --connect-timeout 120"
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
+# Runs "$@", prints its output and one "@@HOST <check> PASS|FAIL <seconds>" line.
+check() {
+  local name=$1; shift
+  local t0 rc=0 dt
+  t0=$(ms)
+  "$@" >"host-$name.log" 2>&1 || rc=$?
+  sed "s/^/$name: /" "host-$name.log"
+  dt=$(awk -v ms=$(( $(ms) - t0 )) 'BEGIN { printf "%.1f", ms / 1000 }')
+  if [ $rc = 0 ]; then echo "@@HOST $name PASS ${dt}s"; else echo "@@HOST $name FAIL ${dt}s (exit $rc)"; fi
+}
+cap=""
+if [ "$PCAP" = 1 ]; then
+  # Classic pcap (-P) of everything to UDP 4791 on the tap, full frames.
+  dumpcap -q -P -i "$RXE_VM_TAP" -f 'udp dst port 4791' -w tap.pcap >dumpcap.log 2>&1 &
+  cap=$!
+  for _ in $(seq 50); do [ -s tap.pcap ] && break; sleep 0.1; done
+fi
+# (a) the guest's ibv_rc_pingpong connects to us; one server per size, each on its own port.
+i=0
+for s in $SIZES; do
+  check "pingpong-guest-client-$s" "$BIN" pingpong $COMMON -e -p $((18515 + i)) -s "$s" -n "$ITERS"
+  i=$((i + 1))
+done
+# (b) we connect to the guest's ibv_rc_pingpong servers (retrying until each listens).
+until [ -e "$RXE_VM_READY" ]; do sleep 0.1; done
+i=0
+for s in $SIZES; do
+  check "pingpong-host-client-$s" "$BIN" pingpong $COMMON -e -p $((18535 + i)) -s "$s" -n "$ITERS" "$GUEST_IP"
+  i=$((i + 1))
+done
+# (c) rdma-check: we serve, the guest (hw provider on rxe0) connects.
+check rdma-check "$BIN" rdma-check $COMMON -p 18600
+if [ -n "$cap" ]; then sleep 1; kill "$cap" 2>/dev/null || true; wait "$cap" 2>/dev/null || true; fi
+exit 0
+EOF
+
+# ---- guest side: busybox sh in the VM ------------------------------------------------------
+guest_script=$OUT/guest.sh
+cat >"$guest_script" <<EOF
+SIZES='$SIZES'
+ITERS=$ITERS
+B=$GUEST_BIN
+PP_TIMEOUT=$PP_TIMEOUT
+CHECK_TIMEOUT=$CHECK_TIMEOUT
+EOF
+cat >>"$guest_script" <<'EOF'
+cd /root
+# Readiness: rxe0 is ACTIVE, but the first modify_qp(RTR) towards the host can fail while the
+# neighbour is unresolved; one ping settles it.
+i=0
+until ping -c 1 -W 1 "$HOST_IP" >/dev/null 2>&1; do
+  i=$((i + 1)); [ $i -ge 30 ] && { echo "@@GUEST-NOTE host does not answer ping"; break; }
+  sleep 0.5
+done
+verdict() { # name rc
+  if [ "$2" = 0 ]; then echo "@@GUEST $1 PASS"; else echo "@@GUEST $1 FAIL (exit $2)"; fi
+}
+# (a) guest client -> host server; retry while the host's server for this size is not listening.
+n=0
+for s in $SIZES; do
+  port=$((18515 + n)); try=0
+  while :; do
+    timeout $PP_TIMEOUT ibv_rc_pingpong -d "$RXE_DEV" -g "$GID_INDEX" -s "$s" -n "$ITERS" -p $port "$HOST_IP" >pp.out 2>&1
+    rc=$?
+    if [ $rc != 0 ] && grep -q "Couldn't connect" pp.out && [ $try -lt 300 ]; then
+      try=$((try + 1)); sleep 0.2; continue
+    fi
+    break
+  done
+  sed "s/^/guest pingpong-guest-client-$s: /" pp.out
+  verdict "pingpong-guest-client-$s" $rc
+  n=$((n + 1))
+done
+# (b) guest server <- host client.
+n=0
+for s in $SIZES; do
+  port=$((18535 + n))
+  timeout $PP_TIMEOUT ibv_rc_pingpong -d "$RXE_DEV" -g "$GID_INDEX" -s "$s" -n "$ITERS" -p $port >pp.out 2>&1
+  rc=$?
+  sed "s/^/guest pingpong-host-client-$s: /" pp.out
+  verdict "pingpong-host-client-$s" $rc
+  n=$((n + 1))
+done
+# (c) rdma-check on libibverbs (rxe0, GID index 1) against the host's UDP device.
+timeout $CHECK_TIMEOUT $B rdma-check --provider hw -d "$RXE_DEV" -g "$GID_INDEX" -p 18600 --timeout 20 --connect-timeout 60 --seed 2 "$HOST_IP" >rc.out 2>&1
+rc=$?
+sed 's/^/guest rdma-check: /' rc.out
+verdict rdma-check $rc
+echo "guest rxe0 counters:"; counters
+exit 0
+EOF
+
+say "running (a) guest client / host server, (b) host client / guest server for sizes $SIZES, (c) rdma-check"
+t0=$(date +%s)
+set +e
+(cd "$OUT" && "$RXE_VM" run --timeout "${RXE_VM_TIMEOUT:-600}" --add "$BIN:$GUEST_BIN" \
+  --host-cmd "bash $host_script" "$guest_script") >"$OUT/rxe.log" 2>"$OUT/rxe-vm.stderr"
+vm_rc=$?
+set -e
+say "rxe-vm exit $vm_rc after $(( $(date +%s) - t0 )) s ($(tail -1 "$OUT/rxe-vm.stderr"))"
+
+# ---- verdicts: a check passes when both sides say PASS ----------------------------------------
+tr -d '\r' <"$OUT/rxe.log" >"$OUT/rxe.clean.log"
+checks=""
+for s in $SIZES; do checks="$checks pingpong-guest-client-$s"; done
+for s in $SIZES; do checks="$checks pingpong-host-client-$s"; done
+checks="$checks rdma-check"
+fail=0
+usec() { # log-prefix: the usec/iter figure of that pingpong run
+  grep -E "^$1: [0-9]+ iters in .* usec/iter" "$OUT/rxe.clean.log" | tail -1 | sed 's/.*= //; s/ usec\/iter//'
+}
+{
+  for c in $checks; do
+    g=$(grep -E "^@@GUEST $c (PASS|FAIL)" "$OUT/rxe.clean.log" | tail -1 | cut -d' ' -f3- || true)
+    h=$(grep -E "^\[host\] @@HOST $c (PASS|FAIL)" "$OUT/rxe.clean.log" | tail -1 | cut -d' ' -f4- || true)
+    if [ "${g%% *}" = PASS ] && [ "${h%% *}" = PASS ]; then v=PASS; else v=FAIL; fail=1; fi
+    extra=""
+    case "$c" in
+      pingpong-*) extra="usec/iter: softverbs $(usec "\[host\] $c" || true), rxe $(usec "guest $c" || true)" ;;
+    esac
+    printf '%-4s  %-28s guest: %-16s host: %-24s %s\n' "$v" "$c" "${g:-missing}" "${h:-missing}" "$extra"
+  done
+  if [ "$PCAP" = 1 ]; then
+    # Every data packet of (a)-(c) and its ACK: thousands; fewer means the capture missed them.
+    if "$BIN" icrc-check --min-packets 1000 "$OUT/tap.pcap" >"$OUT/icrc-check.log" 2>&1; then
+      v=PASS
+    else
+      v=FAIL
+    fi
+    printf '%-4s  %-28s %s\n' "$v" "wire-icrc" "every packet on the tap, both directions ($OUT/tap.pcap)"
+    sed 's/^/  /' "$OUT/icrc-check.log"
+  else
+    echo "SKIP  wire-icrc                    (no capture)"
+  fi
+  echo
+  echo "rdma-check, host side (udp provider):"
+  grep -E '^\[host\] rdma-check: (PASS|FAIL|rdma-check:|device counters|socket:)' "$OUT/rxe.clean.log" |
+    sed 's/^\[host\] rdma-check: /  /' || true
+  echo "rdma-check, guest side (hw provider, rxe0):"
+  grep -E '^guest rdma-check: (PASS|FAIL|rdma-check:)' "$OUT/rxe.clean.log" | sed 's/^guest rdma-check: /  /' || true
+  failed_logs=$(grep -lE '^(softverbs (pingpong|rdma-check):|FAIL)' "$OUT"/host-*.log 2>/dev/null || true)
+  if [ -n "$failed_logs" ]; then
+    echo "host errors:"
+    grep -hE 'softverbs (pingpong|rdma-check):|FAIL|device counters' $failed_logs | sed 's/^/  /' || true
+  fi
+} >"$OUT/summary.txt"
+cat "$OUT/summary.txt"
+if grep -q '^FAIL  ' "$OUT/summary.txt"; then fail=1; fi
+if [ "$vm_rc" != 0 ] && [ $fail = 0 ]; then
+  say "rxe-vm exited $vm_rc although every check passed"
+  fail=1
+fi
+if [ $fail = 0 ]; then say "PASS: every check passed (logs in $OUT)"; else say "FAIL (logs in $OUT)"; fi
+exit $fail

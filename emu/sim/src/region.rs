@@ -121,48 +121,65 @@ impl Region {
         }
     }
 
-    /// Copies `buf.len()` bytes at `offset` into `buf`.
+    /// Copies `buf.len()` bytes at `offset` into `buf`: bytes up to the first 8-byte boundary,
+    /// then whole aligned words, then the rest (a tight word loop: this is every packet's copy).
     pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), OutOfBounds> {
         self.check(offset, buf.len())?;
-        let mut i = 0;
-        while i < buf.len() {
-            // SAFETY: offset + i < self.len (checked above), so the byte lies inside the live
-            // region.
-            let at = unsafe { self.ptr.as_ptr().add(offset + i) };
-            if at as usize % 8 == 0 && buf.len() - i >= 8 {
-                // SAFETY: the 8 bytes at `at` are inside the region (offset + i + 8 <= len) and
-                // 8-byte aligned; every access to region memory is atomic.
-                let word = unsafe { AtomicU64::from_ptr(at.cast::<u64>()) }.load(Ordering::Relaxed);
-                buf[i..i + 8].copy_from_slice(&word.to_ne_bytes());
-                i += 8;
-            } else {
-                // SAFETY: `at` is inside the region; AtomicU8 has the size and alignment of u8.
-                buf[i] = unsafe { AtomicU8::from_ptr(at) }.load(Ordering::Relaxed);
-                i += 1;
-            }
+        // SAFETY: offset + buf.len() <= self.len (checked above), so `base` and the `buf.len()`
+        // bytes after it lie inside the live region.
+        let base = unsafe { self.ptr.as_ptr().add(offset) };
+        let head = ((8 - base as usize % 8) % 8).min(buf.len());
+        let (head_buf, rest) = buf.split_at_mut(head);
+        let words = rest.len() / 8;
+        let (body, tail) = rest.split_at_mut(words * 8);
+        for (k, b) in head_buf.iter_mut().enumerate() {
+            // SAFETY: k < head <= buf.len(): inside the region; AtomicU8 has u8's layout.
+            *b = unsafe { AtomicU8::from_ptr(base.add(k)) }.load(Ordering::Relaxed);
+        }
+        // SAFETY: base + head is 8-byte aligned and inside (or one past) the region.
+        let word_base = unsafe { base.add(head) }.cast::<u64>();
+        for (k, chunk) in body.chunks_exact_mut(8).enumerate() {
+            // SAFETY: word k covers bytes head + 8k .. head + 8k + 8 <= buf.len() of the range
+            // checked above; aligned; every access to region memory is atomic.
+            let w = unsafe { AtomicU64::from_ptr(word_base.add(k)) }.load(Ordering::Relaxed);
+            chunk.copy_from_slice(&w.to_ne_bytes());
+        }
+        let tail_at = head + words * 8;
+        for (k, b) in tail.iter_mut().enumerate() {
+            // SAFETY: tail_at + k < buf.len(): inside the checked range.
+            *b = unsafe { AtomicU8::from_ptr(base.add(tail_at + k)) }.load(Ordering::Relaxed);
         }
         Ok(())
     }
 
-    /// Copies `data` into the region at `offset`.
+    /// Copies `data` into the region at `offset` (head bytes, aligned words, tail bytes, as
+    /// [`Region::read`]).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
         self.check(offset, data.len())?;
-        let mut i = 0;
-        while i < data.len() {
-            // SAFETY: offset + i < self.len (checked above): the byte is inside the region.
-            let at = unsafe { self.ptr.as_ptr().add(offset + i) };
-            if at as usize % 8 == 0 && data.len() - i >= 8 {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(&data[i..i + 8]);
-                // SAFETY: as in `read`: 8 aligned bytes inside the region, accessed atomically.
-                unsafe { AtomicU64::from_ptr(at.cast::<u64>()) }
-                    .store(u64::from_ne_bytes(word), Ordering::Relaxed);
-                i += 8;
-            } else {
-                // SAFETY: `at` is inside the region.
-                unsafe { AtomicU8::from_ptr(at) }.store(data[i], Ordering::Relaxed);
-                i += 1;
-            }
+        // SAFETY: offset + data.len() <= self.len (checked above): the range is inside the
+        // live region.
+        let base = unsafe { self.ptr.as_ptr().add(offset) };
+        let head = ((8 - base as usize % 8) % 8).min(data.len());
+        let (head_data, rest) = data.split_at(head);
+        let words = rest.len() / 8;
+        let (body, tail) = rest.split_at(words * 8);
+        for (k, b) in head_data.iter().enumerate() {
+            // SAFETY: k < head <= data.len(): inside the region.
+            unsafe { AtomicU8::from_ptr(base.add(k)) }.store(*b, Ordering::Relaxed);
+        }
+        // SAFETY: base + head is 8-byte aligned and inside (or one past) the region.
+        let word_base = unsafe { base.add(head) }.cast::<u64>();
+        for (k, chunk) in body.chunks_exact(8).enumerate() {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            // SAFETY: as in `read`: 8 aligned bytes inside the checked range, atomically.
+            unsafe { AtomicU64::from_ptr(word_base.add(k)) }
+                .store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        }
+        let tail_at = head + words * 8;
+        for (k, b) in tail.iter().enumerate() {
+            // SAFETY: tail_at + k < data.len(): inside the checked range.
+            unsafe { AtomicU8::from_ptr(base.add(tail_at + k)) }.store(*b, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -224,7 +241,16 @@ mod tests {
                 r.read(off + start, &mut got).unwrap();
                 assert_eq!(got, data[start..], "offset {off}, start {start}");
             }
+            // Short copies: all head, head + tail, exactly one word.
+            for len in 0..20 {
+                r.write(off + 100, &data[..len]).unwrap();
+                let mut got = vec![0u8; len];
+                r.read(off + 100, &mut got).unwrap();
+                assert_eq!(got, data[..len], "offset {off}, len {len}");
+            }
         }
+        assert_eq!(r.write(250, &data[..7]), Err(OutOfBounds));
+        assert_eq!(r.read(256, &mut [0u8; 1]), Err(OutOfBounds));
     }
 
     #[test]

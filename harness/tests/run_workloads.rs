@@ -162,3 +162,45 @@ fn pingpong_and_mixed_pass_under_light_loss() {
         assert_passed(&out);
     }
 }
+
+/// `--pcap-dir`: every node process writes its traffic to its own pcap file, and the report
+/// says where they are.
+#[test]
+fn pcap_dir_holds_one_capture_per_node() {
+    let pcaps = std::env::temp_dir().join(format!("softverbs-run-pcap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&pcaps);
+    let dir = pcaps.display().to_string();
+    let out = run(
+        "pcap-dir",
+        &[
+            "--nodes",
+            "2",
+            "--workload",
+            "pingpong",
+            "--ops",
+            "50",
+            "--seed",
+            "3",
+            "--pcap-dir",
+            &dir,
+        ],
+        None,
+        LIMIT,
+    );
+    assert_passed(&out);
+    for i in 0..2 {
+        let file = pcaps.join(format!("node{i}.g0.pcap"));
+        let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        // The 24-byte pcap header plus at least the 50 SENDs and their ACKs, each a record of
+        // 16 + 14 + 20 + 8 + at least 16 bytes.
+        assert!(bytes.len() > 24 + 100 * 74, "{}: {} bytes", file.display(), bytes.len());
+        let magic = u32::from_le_bytes(bytes[..4].try_into().unwrap());
+        assert!(
+            magic == 0xA1B2_C3D4 || magic == 0xA1B2_3C4D,
+            "pcap magic {magic:#x}"
+        );
+    }
+    let pcap = out.report()["pcap"].as_str().unwrap().to_owned();
+    assert!(pcap.contains(&dir), "{pcap}");
+    std::fs::remove_dir_all(&pcaps).unwrap();
+}

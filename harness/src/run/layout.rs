@@ -145,6 +145,11 @@ pub fn mr_file(i: u32, generation: u32) -> String {
     format!("node{i}.g{generation}.mr")
 }
 
+/// The packet capture of node `i`, generation `gen` (with `--pcap-dir`).
+pub fn pcap_file(i: u32, generation: u32) -> String {
+    format!("node{i}.g{generation}.pcap")
+}
+
 /// The completion log of node `i`, generation `gen`.
 pub fn log_file(i: u32, generation: u32) -> String {
     format!("node{i}.g{generation}.log")

@@ -80,7 +80,10 @@ pub struct RunArgs {
     /// Write the JSON report here.
     #[arg(long, value_name = "FILE.json")]
     pub report: Option<PathBuf>,
-    /// Directory for packet captures (not captured yet: the UDP driver has no capture hook).
+    /// Directory for packet captures: one pcap file per node process
+    /// (`node<i>.g<generation>.pcap`) with what its device sent (after the plan's faults) and
+    /// received. The summary names the directory; Wireshark needs `-d udp.port==PORT,infiniband`
+    /// for the OS-chosen ports.
     #[arg(long, value_name = "DIR")]
     pub pcap_dir: Option<PathBuf>,
     /// Directory for MR files, logs and node stderr; must be empty or absent (default: a new

@@ -149,12 +149,16 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         .transpose()
         .map_err(err("fault plan"))?;
     let ip = layout::node_ip(cfg.index);
-    let provider = UdpProvider::builder()
+    let mut builder = UdpProvider::builder()
         .device(SocketAddr::new(IpAddr::V4(ip), 0))
         .first_node(NodeId(cfg.index))
         .seed(layout::mix(
             cfg.seed ^ u64::from(cfg.index) << 32 ^ u64::from(cfg.generation),
-        ))
+        ));
+    if let Some(pcap) = &cfg.pcap {
+        builder = builder.capture(pcap);
+    }
+    let provider = builder
         .build()
         .map_err(err("building the UDP device"))?;
     // The device's engine clock starts about now: fault-plan times are shifted by the time
@@ -308,7 +312,12 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         issued: 0,
         next_link: 0,
     };
-    node.main_loop(rx)
+    let result = node.main_loop(rx);
+    drop(node);
+    // Closes the capture (if any) and reports a write error; a killed node's capture ends
+    // with its last buffered packets missing.
+    provider.shutdown();
+    result.and(provider.finish_capture().map_err(err("writing the packet capture")))
 }
 
 fn connect_peer(

@@ -178,13 +178,6 @@ pub fn execute(args: &RunArgs, opts: &Options) -> Result<Report, RunError> {
         resumes: Vec::new(),
     };
     if !opts.quiet {
-        if let Some(dir) = &orch.cfg.pcap_dir {
-            eprintln!(
-                "softverbs run: note: --pcap-dir {}: the UDP driver has no live capture yet; no \
-                 pcap is written",
-                dir.display()
-            );
-        }
         eprintln!(
             "softverbs run: {} nodes, {}, seed {}, run dir {}",
             orch.cfg.nodes,
@@ -412,6 +405,11 @@ impl Orchestrator {
             slack_ms: self.cfg.slack.as_millis() as u64,
             standby,
             deadline_ms: deadline.as_millis() as u64,
+            pcap: self
+                .cfg
+                .pcap_dir
+                .as_ref()
+                .map(|d| d.join(layout::pcap_file(index, generation))),
         }
     }
 
@@ -1158,7 +1156,8 @@ impl Orchestrator {
             replay: self.replay(),
             pcap: match &c.pcap_dir {
                 Some(d) => format!(
-                    "not captured ({}): the UDP driver has no live capture hook yet",
+                    "{}/node<i>.g<generation>.pcap: each node process's traffic, as its device \
+                     sent it (after the plan's faults) and received it",
                     d.display()
                 ),
                 None => "off".to_owned(),

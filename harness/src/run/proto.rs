@@ -86,6 +86,10 @@ pub struct NodeConfig {
     pub standby: bool,
     /// The node exits by itself this long after it started, whatever happens.
     pub deadline_ms: u64,
+    /// Capture this process's traffic to this pcap file (what its device sent, after the
+    /// network faults, and what it received).
+    #[serde(default)]
+    pub pcap: Option<PathBuf>,
 }
 
 /// One peer, as a node learns it.

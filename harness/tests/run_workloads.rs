@@ -193,7 +193,12 @@ fn pcap_dir_holds_one_capture_per_node() {
         let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         // The 24-byte pcap header plus at least the 50 SENDs and their ACKs, each a record of
         // 16 + 14 + 20 + 8 + at least 16 bytes.
-        assert!(bytes.len() > 24 + 100 * 74, "{}: {} bytes", file.display(), bytes.len());
+        assert!(
+            bytes.len() > 24 + 100 * 74,
+            "{}: {} bytes",
+            file.display(),
+            bytes.len()
+        );
         let magic = u32::from_le_bytes(bytes[..4].try_into().unwrap());
         assert!(
             magic == 0xA1B2_C3D4 || magic == 0xA1B2_3C4D,

@@ -158,9 +158,7 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
     if let Some(pcap) = &cfg.pcap {
         builder = builder.capture(pcap);
     }
-    let provider = builder
-        .build()
-        .map_err(err("building the UDP device"))?;
+    let provider = builder.build().map_err(err("building the UDP device"))?;
     // The device's engine clock starts about now: fault-plan times are shifted by the time
     // from here to the start barrier.
     let device_epoch = Instant::now();
@@ -317,7 +315,11 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
     // Closes the capture (if any) and reports a write error; a killed node's capture ends
     // with its last buffered packets missing.
     provider.shutdown();
-    result.and(provider.finish_capture().map_err(err("writing the packet capture")))
+    result.and(
+        provider
+            .finish_capture()
+            .map_err(err("writing the packet capture")),
+    )
 }
 
 fn connect_peer(

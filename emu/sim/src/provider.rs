@@ -1219,6 +1219,12 @@ impl SimCq {
                 (state.next_event_in(), state.wire.is_real_time())
             };
             let Some(next) = next else {
+                // Another thread's pump may have delivered this CQ's completion between the
+                // poll above and the idle check; the fabric being idle now, one more poll
+                // settles it.
+                if self.poll(&mut wc)? == 1 {
+                    return Ok(wc[0]);
+                }
                 return Err(Error::state(
                     "CQ is empty and the fabric is idle: no completion can arrive",
                 ));

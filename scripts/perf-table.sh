@@ -3,6 +3,7 @@
 # `softverbs perf --json`, reported as median (min–max) of ours ÷ the same-run raw UDP baseline.
 #
 #   scripts/perf-table.sh [RUNS]        (needs a release build: cargo build --release)
+#   SUMMARY_ONLY=1 scripts/perf-table.sh [RUNS]   (re-print the table from the last runs' JSON)
 #
 # Figures: 64 KiB WRITE bandwidth (GSO→GRO baseline), 8 B WRITE latency blocking and busy-poll
 # (each against raw UDP ping-pong in the same poll mode), 8 B SEND message rate (`-e`), the
@@ -16,6 +17,7 @@ RUNS=${1:-5}
 OUT=$ROOT/target/perf-table
 [ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "needs python3 (JSON summaries)" >&2; exit 1; }
+if [ -z "${SUMMARY_ONLY:-}" ]; then
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
@@ -38,6 +40,7 @@ for i in $(seq 1 "$RUNS"); do
   run loss0u10 write_bw -s 65536 -n 3000 -u 10
   run loss1u10 write_bw -s 65536 -n 3000 -u 10 --loss 0.01
 done
+fi
 
 python3 - "$OUT" "$RUNS" <<'EOF'
 import json, statistics, sys, glob, os
@@ -55,7 +58,9 @@ def fmt(vals, unit=""):
     vals = [v for v in vals if v is not None]
     if not vals:
         return "n/a"
-    return f"{statistics.median(vals):.3g}{unit} ({min(vals):.3g}–{max(vals):.3g})"
+    def g(v):
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return f"{g(statistics.median(vals))}{unit} ({g(min(vals))}–{g(max(vals))})"
 def field(name, f):
     return [f(r) if r else None for r in rows(name)]
 print(f"| figure | softverbs | raw UDP (same run) | ratio, median (min–max) of {runs} | target |")

@@ -2,9 +2,10 @@
 //! taken on the wire (e.g. on the rxe-vm tap), over the packet's real IPv4/UDP headers.
 //!
 //! A UDP socket cannot see the IPv4 identification, which the ICRC covers, so a softverbs device
-//! cannot verify the ICRC of a peer that sends a non-zero ID (Linux rxe hashes it). A capture
-//! can: every packet that passes here was sent with an ICRC computed exactly as softverbs
-//! computes it ([`emu_proto::wire::icrc::icrc_over_headers`]), in both directions.
+//! verifies the ICRC of a peer that sends a non-zero ID (Linux rxe numbers its datagrams) only up
+//! to that field ([`emu_proto::wire::solve_ipv4_ident`]). A capture verifies all of it: every
+//! packet that passes here was sent with an ICRC computed exactly as softverbs computes it
+//! ([`emu_proto::wire::icrc::icrc_over_headers`]), in both directions.
 //!
 //! Input: a classic pcap file (microsecond or nanosecond, either byte order) of Ethernet
 //! (`dumpcap -P -i TAP`) or raw IPv4 frames. RoCEv2 packets are IPv4/UDP to port 4791; anything

@@ -16,6 +16,8 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use emu_proto::wire::icrc::icrc_over_headers;
+use pcap_file::DataLink;
+use pcap_file::pcap::PcapReader;
 
 use super::{InteropError, Result};
 
@@ -111,57 +113,37 @@ fn u16_be(b: &[u8], at: usize) -> u16 {
     }
 }
 
-/// Verifies every RoCEv2 packet of a classic pcap file. Errors: not a pcap file, a truncated
-/// record, an unsupported link type.
+/// Verifies every RoCEv2 packet of a classic pcap file (read with `pcap-file`). Errors: not a
+/// pcap file (pcapng gets its own hint), a truncated record, an unsupported link type.
 pub fn check_capture(bytes: &[u8]) -> Result<IcrcSummary> {
-    let header = bytes
-        .get(..24)
-        .ok_or_else(|| InteropError::new("not a pcap file: shorter than its 24-byte header"))?;
-    let magic = [header[0], header[1], header[2], header[3]];
-    let little = match magic {
-        [0xd4, 0xc3, 0xb2, 0xa1] | [0x4d, 0x3c, 0xb2, 0xa1] => true,
-        [0xa1, 0xb2, 0xc3, 0xd4] | [0xa1, 0xb2, 0x3c, 0x4d] => false,
-        [0x0a, 0x0d, 0x0d, 0x0a] => {
-            return Err(InteropError::new(
-                "pcapng is not supported: capture with `dumpcap -P` or convert with \
-                 `tshark -F pcap`",
-            ));
-        }
-        _ => return Err(InteropError::new("not a pcap file (unknown magic number)")),
-    };
-    let u32_at = |b: &[u8], at: usize| -> u32 {
-        let w = [b[at], b[at + 1], b[at + 2], b[at + 3]];
-        if little {
-            u32::from_le_bytes(w)
-        } else {
-            u32::from_be_bytes(w)
-        }
-    };
-    let link = u32_at(header, 20);
-    // 1: Ethernet; 101 and 228: raw IPv4 (LINKTYPE_RAW, LINKTYPE_IPV4).
-    let l2 = match link {
-        1 => 14,
-        101 | 228 => 0,
+    if bytes.starts_with(&[0x0a, 0x0d, 0x0d, 0x0a]) {
+        return Err(InteropError::new(
+            "pcapng is not supported: capture with `dumpcap -P` or convert with `tshark -F pcap`",
+        ));
+    }
+    let mut reader =
+        PcapReader::new(bytes).map_err(|e| InteropError::new(format!("not a pcap file: {e}")))?;
+    // Ethernet, or raw IPv4 (LINKTYPE_RAW, LINKTYPE_IPV4).
+    let l2 = match reader.header().datalink {
+        DataLink::ETHERNET => 14,
+        DataLink::RAW | DataLink::IPV4 => 0,
         other => {
             return Err(InteropError::new(format!(
-                "pcap link type {other} is not supported (Ethernet or raw IPv4)"
+                "pcap link type {} is not supported (Ethernet or raw IPv4)",
+                u32::from(other)
             )));
         }
     };
     let mut summary = IcrcSummary::default();
-    let mut at = 24;
     let mut index = 0u64;
-    while at < bytes.len() {
-        let rec = bytes
-            .get(at..at + 16)
-            .ok_or_else(|| InteropError::new(format!("truncated record header at byte {at}")))?;
-        let caplen = u32_at(rec, 8) as usize;
-        let frame = bytes.get(at + 16..at + 16 + caplen).ok_or_else(|| {
-            InteropError::new(format!("truncated record at byte {at} ({caplen} bytes)"))
-        })?;
-        at += 16 + caplen;
+    while let Some(packet) = reader.next_packet() {
         index += 1;
-        check_frame(frame, l2, index, &mut summary);
+        let packet = packet.map_err(|e| {
+            InteropError::new(format!(
+                "record {index} of the capture is truncated or malformed: {e}"
+            ))
+        })?;
+        check_frame(&packet.data, l2, index, &mut summary);
     }
     Ok(summary)
 }

@@ -77,8 +77,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
-use emu_proto::wire::fill_icrc;
-use emu_proto::wire::{IpContext, Opcode};
+use emu_proto::wire::Opcode;
 use emu_proto::{ChannelId, Hca, HcaConfig, Instant};
 use emu_sim::internals::ChannelShared;
 use mio::net::UdpSocket;
@@ -666,13 +665,6 @@ enum Feed {
     Owned(Datagram),
 }
 
-/// A packet pulled from the engine, with the UDP source port its ICRC was computed for.
-#[derive(Debug)]
-struct Staged {
-    packet: Datagram,
-    src_port: u16,
-}
-
 /// What [`Io::pull`] left behind.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Pull {
@@ -727,7 +719,7 @@ pub(crate) struct Io {
     /// Scratch queue of the receive-side fault stage.
     rx_owned: VecDeque<Datagram>,
     /// Packets pulled from the engine, before the fault stage.
-    staged: Vec<Staged>,
+    staged: Vec<Datagram>,
     /// Packets to write to the socket, in order.
     out: VecDeque<Datagram>,
     /// Packets the device sent to itself, fed back next pass.
@@ -744,7 +736,7 @@ pub(crate) struct Io {
     /// A verbs call sent packets since the thread last parked.
     active: bool,
     /// ACKs an application thread's pass left for its next call (see [`Io::pass`]).
-    held_acks: Vec<Staged>,
+    held_acks: Vec<Datagram>,
 }
 
 /// The progress thread's own state.
@@ -931,13 +923,12 @@ impl Io {
                 self.pool.give(buf);
                 return Pull::Drained;
             };
-            self.staged.push(Staged {
-                packet: Datagram {
-                    peer: tx.dst,
-                    buf,
-                    len: tx.len,
-                },
-                src_port: tx.src_port,
+            // The engine signs for the socket's port (`HcaConfig::source_port`): its ICRC is
+            // final.
+            self.staged.push(Datagram {
+                peer: tx.dst,
+                buf,
+                len: tx.len,
             });
         }
         Pull::Full
@@ -1154,12 +1145,6 @@ impl Io {
 
     /// Fault stage, then the socket.
     fn send(&mut self, core: &Core, now: Instant, release: bool) {
-        let port = self.local.port();
-        for s in &mut self.staged {
-            if s.src_port != port {
-                refill_icrc(self.local, &mut s.packet);
-            }
-        }
         if !self.staged.is_empty() {
             let mut cfg = core.faults();
             for s in self.staged.drain(..) {
@@ -1167,7 +1152,7 @@ impl Io {
                     &mut cfg,
                     Direction::Tx,
                     now,
-                    s.packet,
+                    s,
                     &mut self.out,
                     &mut self.pool,
                 );
@@ -1280,8 +1265,8 @@ impl Io {
 }
 
 /// The opcode of a pulled packet (its BTH's first byte); `None` for an empty packet.
-fn opcode(s: &Staged) -> Option<Opcode> {
-    s.packet.bytes().first().map(|&b| Opcode::from(b))
+fn opcode(s: &Datagram) -> Option<Opcode> {
+    s.bytes().first().map(|&b| Opcode::from(b))
 }
 
 /// The poller interest of the socket: readable, and writable while a backlog waits.
@@ -1317,18 +1302,6 @@ fn gso_run(out: &VecDeque<Datagram>, max_segments: usize, max_bytes: usize) -> u
         }
     }
     count
-}
-
-/// Recomputes the ICRC for the headers the packet really travels in: the engine signs it with
-/// the per-QP-pair source port of RoCEv2 (rc-transport.md §1.9), but a datagram sent from the
-/// device's one socket carries the socket's port, and the ICRC covers the UDP source port.
-fn refill_icrc(local: SocketAddr, p: &mut Datagram) {
-    // The engine cannot address another family; then the packet stays as built.
-    let Some(ip) = IpContext::between(local, p.peer) else {
-        return;
-    };
-    // Fails only for a packet shorter than BTH + ICRC, which the engine never builds.
-    let _ = fill_icrc(&ip, p.bytes_mut());
 }
 
 #[cfg(test)]

@@ -12,6 +12,18 @@
 //! provider"), never a panic. Handles of another *context* of the same backend are the
 //! backend's to reject, as with static dispatch.
 //!
+//! Type erasure needs every method three times: in an object-safe mirror of the verbs trait, in
+//! the mirror's blanket impl for every backend type, and in the erased type's impl of the verbs
+//! trait. No restructuring removes a copy (the verbs traits are `Clone`, hence not object safe,
+//! and the erased types must implement them), so each method is written once, as its signature
+//! in a macro invocation that generates all three: `erased_handle!` for
+//! the leaf handles, whose calls pass through unchanged, and `erased_factory!` for
+//! [`AnyContext`] and [`AnyDevice`], which take and return handles. Their conversions are chosen
+//! by type rather than written per method: an erased handle argument becomes the backend's own
+//! handle (or fails as above), a returned backend handle is wrapped, and every other value
+//! passes unchanged. So each invocation reads as the trait's own list of signatures, the
+//! compiler checks every line against the trait, and a new trait method is one line here.
+//!
 //! [`Registry`] maps provider names to device factories. This crate knows no backend: the
 //! `softverbs` facade pre-registers the built-in ones, and applications may add their own.
 //! [`Registry::open_from_env`] picks the provider from [`PROVIDER_ENV`] and the device from
@@ -67,52 +79,91 @@ pub const PROVIDER_ENV: &str = "SOFTVERBS_PROVIDER";
 /// `SOFTVERBS_DEVICE=rxe0`. Unset or blank means the provider's first device.
 pub const DEVICE_ENV: &str = "SOFTVERBS_DEVICE";
 
-/// Defines an object-safe `$erased` trait mirroring the methods of `$tr…` with a blanket impl
-/// for every `$bound`, the `$name` handle around `Arc<dyn $erased>`, and `impl $tr for $name`
-/// forwarding each method (default methods included, so backend overrides are kept).
-macro_rules! erased_handle {
+/// What every erased object offers besides its trait's methods: the value behind the `dyn`, for
+/// `downcast_ref`, and its type's name, for `Debug` and error messages.
+///
+/// Implemented for every type, so call it on the `dyn` (`Erased::as_any(&*arc)`), never on the
+/// `Arc` holding it, which would answer for the `Arc` itself.
+trait Erased: Send + Sync + 'static {
+    fn as_any(&self) -> &dyn Any;
+    fn type_name(&self) -> &'static str;
+}
+
+impl<T: Send + Sync + 'static> Erased for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn type_name(&self) -> &'static str {
+        type_name::<T>()
+    }
+}
+
+/// An argument of an erased call made into the backend's argument `T`: an erased handle becomes
+/// the backend's concrete handle, or `InvalidArgument` if another backend made it; a [`Plain`]
+/// value stays as it is.
+trait ToBackend<T> {
+    fn to_backend(self) -> Result<T>;
+}
+
+/// A backend's result `T` made into the erased call's: the backend's handles are wrapped in
+/// their erased handle type; a [`Plain`] value stays as it is.
+trait FromBackend<T> {
+    fn from_backend(backend: T) -> Self;
+}
+
+/// A type that is the same for every backend, so it crosses the erased boundary unchanged. A new
+/// argument or result type of a factory method is listed below (the compiler asks for it).
+trait Plain {}
+
+impl<T: Plain> ToBackend<T> for T {
+    fn to_backend(self) -> Result<T> {
+        Ok(self)
+    }
+}
+
+impl<T: Plain> FromBackend<T> for T {
+    fn from_backend(backend: T) -> T {
+        backend
+    }
+}
+
+impl<T: Plain> Plain for Option<T> {}
+impl<T: Plain> Plain for Result<T> {}
+
+/// Marks each of the types as [`Plain`].
+macro_rules! plain {
+    ($($t:ty),* $(,)?) => {
+        $(impl Plain for $t {})*
+    };
+}
+
+plain!(u8, u16, u32, u64, usize, String, *mut u8);
+plain!(AccessFlags, Gid, AsyncEvent, DeviceAttr, PortAttr);
+plain!(&Path, &SrqAttr, &QpInitAttr);
+
+/// The `$name` handle around `Arc<dyn $erased>`: its `Debug` naming the wrapped type, and
+/// `downcast_ref` back to that type beside the inherent `$item`s given (its constructor).
+macro_rules! erased_struct {
     (
         $(#[$attr:meta])*
-        $name:ident($erased:ident: $bound:ident) {
-            $(impl $tr:ident {
-                $(fn $m:ident(&self $(, $a:ident: $t:ty)*) $(-> $r:ty)?;)*
-            })+
-        }
+        $name:ident($erased:ident: $bound:ident), $noun:literal { $($item:item)* }
     ) => {
-        trait $erased: Send + Sync + 'static {
-            fn as_any(&self) -> &dyn Any;
-            fn type_name(&self) -> &'static str;
-            $($(fn $m(&self $(, $a: $t)*) $(-> $r)?;)*)+
-        }
-
-        impl<T: $bound> $erased for T {
-            fn as_any(&self) -> &dyn Any {
-                self
-            }
-            fn type_name(&self) -> &'static str {
-                type_name::<T>()
-            }
-            $($(fn $m(&self $(, $a: $t)*) $(-> $r)? {
-                <T as $tr>::$m(self $(, $a)*)
-            })*)+
-        }
-
         $(#[$attr])*
         #[derive(Clone)]
         pub struct $name(Arc<dyn $erased>);
 
         impl $name {
-            fn new<T: $bound>(inner: T) -> $name {
-                $name(Arc::new(inner))
-            }
+            $($item)*
 
             fn type_name(&self) -> &'static str {
-                $erased::type_name(&*self.0)
+                Erased::type_name(&*self.0)
             }
 
-            /// The backend's concrete handle, if this handle wraps a `T`.
+            #[doc = concat!("The backend's concrete ", $noun, ", if this one wraps a `T`, for code")]
+            /// that wants static dispatch back.
             pub fn downcast_ref<T: $bound>(&self) -> Option<&T> {
-                $erased::as_any(&*self.0).downcast_ref()
+                Erased::as_any(&*self.0).downcast_ref()
             }
         }
 
@@ -121,18 +172,76 @@ macro_rules! erased_handle {
                 write!(f, "{}({})", stringify!($name), self.type_name())
             }
         }
+    };
+}
+
+/// A leaf handle (one that creates nothing): an object-safe `$erased` trait mirroring the
+/// methods of `$tr…` with a blanket impl for every `$bound`, the `$name` handle (see
+/// `erased_struct!`), and `impl $tr for $name` forwarding each method (default methods
+/// included, so backend overrides are kept). Arguments and results pass unchanged; as an
+/// argument of a factory's call, the handle converts to the backend's (`$noun` names it in the
+/// error for another backend's handle) and a backend's handle result converts to it.
+macro_rules! erased_handle {
+    (
+        $(#[$attr:meta])*
+        $name:ident($erased:ident: $bound:ident, $noun:literal) {
+            $(impl $tr:ident {
+                $(fn $m:ident(&self $(, $a:ident: $t:ty)*) $(-> $r:ty)?;)*
+            })+
+        }
+    ) => {
+        trait $erased: Erased {
+            $($(fn $m(&self $(, $a: $t)*) $(-> $r)?;)*)+
+        }
+
+        impl<T: $bound> $erased for T {
+            $($(fn $m(&self $(, $a: $t)*) $(-> $r)? {
+                <T as $tr>::$m(self $(, $a)*)
+            })*)+
+        }
+
+        erased_struct!($(#[$attr])* $name($erased: $bound), "handle" {
+            fn new<T: $bound>(inner: T) -> $name {
+                $name(Arc::new(inner))
+            }
+        });
 
         $(impl $tr for $name {
             $(fn $m(&self $(, $a: $t)*) $(-> $r)? {
                 $erased::$m(&*self.0 $(, $a)*)
             })*
         })+
+
+        impl<'a, T: $bound> ToBackend<&'a T> for &'a $name {
+            fn to_backend(self) -> Result<&'a T> {
+                Erased::as_any(&*self.0).downcast_ref().ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{} belongs to another provider (a {}, this context takes {})",
+                        $noun,
+                        self.type_name(),
+                        type_name::<T>()
+                    ))
+                })
+            }
+        }
+
+        impl<'a, T: $bound> ToBackend<Option<&'a T>> for Option<&'a $name> {
+            fn to_backend(self) -> Result<Option<&'a T>> {
+                self.map(ToBackend::to_backend).transpose()
+            }
+        }
+
+        impl<T: $bound> FromBackend<Result<T>> for Result<$name> {
+            fn from_backend(backend: Result<T>) -> Result<$name> {
+                backend.map($name::new)
+            }
+        }
     };
 }
 
 erased_handle! {
     /// A protection domain of any backend, created by [`AnyContext::alloc_pd`].
-    AnyPd(ErasedPd: ProtectionDomain) {
+    AnyPd(ErasedPd: ProtectionDomain, "protection domain") {
         impl ProtectionDomain {
             fn handle(&self) -> u32;
             fn destroy(&self) -> Result<()>;
@@ -142,7 +251,7 @@ erased_handle! {
 
 erased_handle! {
     /// A memory region of any backend, created by an [`AnyContext`].
-    AnyMr(ErasedMr: MemoryRegion) {
+    AnyMr(ErasedMr: MemoryRegion, "memory region") {
         impl MemoryRegion {
             fn lkey(&self) -> u32;
             fn rkey(&self) -> u32;
@@ -160,7 +269,7 @@ erased_handle! {
 
 erased_handle! {
     /// A completion queue of any backend, created by [`AnyContext::create_cq`].
-    AnyCq(ErasedCq: CompletionQueue) {
+    AnyCq(ErasedCq: CompletionQueue, "completion queue") {
         impl CompletionQueue {
             fn handle(&self) -> u32;
             fn capacity(&self) -> u32;
@@ -176,7 +285,7 @@ erased_handle! {
 erased_handle! {
     /// A completion channel of any backend, created by [`AnyContext::create_comp_channel`].
     /// Its file descriptor is the backend's, so it can be registered with epoll, mio or tokio.
-    AnyChannel(ErasedChannel: CompletionChannel) {
+    AnyChannel(ErasedChannel: CompletionChannel, "completion channel") {
         impl CompletionChannel {
             fn get_cq_event(&self) -> Result<Option<u32>>;
             fn wait_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>>;
@@ -193,7 +302,7 @@ erased_handle! {
 
 erased_handle! {
     /// A shared receive queue of any backend, created by [`AnyContext::create_srq`].
-    AnySrq(ErasedSrq: SharedReceiveQueue) {
+    AnySrq(ErasedSrq: SharedReceiveQueue, "shared receive queue") {
         impl SharedReceiveQueue {
             fn handle(&self) -> u32;
             fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
@@ -206,7 +315,7 @@ erased_handle! {
 
 erased_handle! {
     /// A queue pair of any backend, created by [`AnyContext::create_qp`].
-    AnyQp(ErasedQp: QueuePair) {
+    AnyQp(ErasedQp: QueuePair, "queue pair") {
         impl QueuePair {
             fn qp_num(&self) -> u32;
             fn qp_type(&self) -> QpType;
@@ -221,382 +330,127 @@ erased_handle! {
     }
 }
 
-/// The concrete `T` behind an erased handle, or `InvalidArgument` if another backend made it.
-fn concrete<'a, T: 'static>(handle: &'a dyn Any, handle_type: &str, what: &str) -> Result<&'a T> {
-    handle.downcast_ref().ok_or_else(|| {
-        Error::invalid(format!(
-            "{what} belongs to another provider (a {handle_type}, this context takes {})",
-            type_name::<T>()
-        ))
-    })
-}
-
-/// Object-safe mirror of [`Context`] trading in erased handles.
-trait ErasedContext: Send + Sync + 'static {
-    fn as_any(&self) -> &dyn Any;
-    fn type_name(&self) -> &'static str;
-    fn device_name(&self) -> String;
-    fn query_device(&self) -> Result<DeviceAttr>;
-    fn query_port(&self, port_num: u8) -> Result<PortAttr>;
-    fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid>;
-    fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16>;
-    fn alloc_pd(&self) -> Result<AnyPd>;
-    fn alloc_mr(&self, pd: &AnyPd, len: usize, access: AccessFlags) -> Result<AnyMr>;
-    fn reg_mr_file(
-        &self,
-        pd: &AnyPd,
-        path: &Path,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<AnyMr>;
-    /// Same contract as [`Context::reg_mr_raw`].
-    #[allow(unsafe_code)] // declaration only; the contract is Context::reg_mr_raw's
-    unsafe fn reg_mr_raw(
-        &self,
-        pd: &AnyPd,
-        addr: *mut u8,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<AnyMr>;
-    fn create_comp_channel(&self) -> Result<AnyChannel>;
-    fn create_cq(&self, cqe: u32, channel: Option<&AnyChannel>) -> Result<AnyCq>;
-    fn create_srq(&self, pd: &AnyPd, attr: &SrqAttr) -> Result<AnySrq>;
-    fn create_qp(
-        &self,
-        pd: &AnyPd,
-        send_cq: &AnyCq,
-        recv_cq: &AnyCq,
-        srq: Option<&AnySrq>,
-        attr: &QpInitAttr,
-    ) -> Result<AnyQp>;
-    fn poll_async_event(&self) -> Option<AsyncEvent>;
-}
-
-impl AnyPd {
-    fn concrete<P: ProtectionDomain>(&self) -> Result<&P> {
-        concrete(
-            ErasedPd::as_any(&*self.0),
-            self.type_name(),
-            "protection domain",
-        )
-    }
-}
-
-impl AnyCq {
-    fn concrete<Q: CompletionQueue>(&self) -> Result<&Q> {
-        concrete(
-            ErasedCq::as_any(&*self.0),
-            self.type_name(),
-            "completion queue",
-        )
-    }
-}
-
-impl AnyChannel {
-    fn concrete<H: CompletionChannel>(&self) -> Result<&H> {
-        concrete(
-            ErasedChannel::as_any(&*self.0),
-            self.type_name(),
-            "completion channel",
-        )
-    }
-}
-
-impl AnySrq {
-    fn concrete<S: SharedReceiveQueue>(&self) -> Result<&S> {
-        concrete(
-            ErasedSrq::as_any(&*self.0),
-            self.type_name(),
-            "shared receive queue",
-        )
-    }
-}
-
-impl<C: Context> ErasedContext for C {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn type_name(&self) -> &'static str {
-        type_name::<C>()
-    }
-
-    fn device_name(&self) -> String {
-        Context::device_name(self)
-    }
-
-    fn query_device(&self) -> Result<DeviceAttr> {
-        Context::query_device(self)
-    }
-
-    fn query_port(&self, port_num: u8) -> Result<PortAttr> {
-        Context::query_port(self, port_num)
-    }
-
-    fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid> {
-        Context::query_gid(self, port_num, index)
-    }
-
-    fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16> {
-        Context::query_pkey(self, port_num, index)
-    }
-
-    fn alloc_pd(&self) -> Result<AnyPd> {
-        Context::alloc_pd(self).map(AnyPd::new)
-    }
-
-    fn alloc_mr(&self, pd: &AnyPd, len: usize, access: AccessFlags) -> Result<AnyMr> {
-        Context::alloc_mr(self, pd.concrete()?, len, access).map(AnyMr::new)
-    }
-
-    fn reg_mr_file(
-        &self,
-        pd: &AnyPd,
-        path: &Path,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<AnyMr> {
-        Context::reg_mr_file(self, pd.concrete()?, path, len, access).map(AnyMr::new)
-    }
-
-    #[allow(unsafe_code)] // forwards Context::reg_mr_raw
-    unsafe fn reg_mr_raw(
-        &self,
-        pd: &AnyPd,
-        addr: *mut u8,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<AnyMr> {
-        let pd = pd.concrete()?;
-        // SAFETY: our caller upholds Context::reg_mr_raw's contract for `addr..addr + len`;
-        // it is forwarded unchanged to the backend.
-        unsafe { Context::reg_mr_raw(self, pd, addr, len, access) }.map(AnyMr::new)
-    }
-
-    fn create_comp_channel(&self) -> Result<AnyChannel> {
-        Context::create_comp_channel(self).map(AnyChannel::new)
-    }
-
-    fn create_cq(&self, cqe: u32, channel: Option<&AnyChannel>) -> Result<AnyCq> {
-        let channel = channel.map(AnyChannel::concrete).transpose()?;
-        Context::create_cq(self, cqe, channel).map(AnyCq::new)
-    }
-
-    fn create_srq(&self, pd: &AnyPd, attr: &SrqAttr) -> Result<AnySrq> {
-        Context::create_srq(self, pd.concrete()?, attr).map(AnySrq::new)
-    }
-
-    fn create_qp(
-        &self,
-        pd: &AnyPd,
-        send_cq: &AnyCq,
-        recv_cq: &AnyCq,
-        srq: Option<&AnySrq>,
-        attr: &QpInitAttr,
-    ) -> Result<AnyQp> {
-        let srq = srq.map(AnySrq::concrete).transpose()?;
-        Context::create_qp(
-            self,
-            pd.concrete()?,
-            send_cq.concrete()?,
-            recv_cq.concrete()?,
-            srq,
-            attr,
-        )
-        .map(AnyQp::new)
-    }
-
-    fn poll_async_event(&self) -> Option<AsyncEvent> {
-        Context::poll_async_event(self)
-    }
-}
-
-/// An open device of any backend: a [`Context`] whose handles are [`AnyPd`], [`AnyMr`],
-/// [`AnyCq`], [`AnyChannel`], [`AnySrq`] and [`AnyQp`].
-///
-/// Every call forwards to the wrapped context with the same contract. A handle argument made
-/// by a different backend fails with `InvalidArgument` before the backend is called.
-#[derive(Clone)]
-pub struct AnyContext(Arc<dyn ErasedContext>);
-
-impl AnyContext {
-    /// Erases `ctx`. Erasing an `AnyContext` returns it as is rather than wrapping it twice.
-    pub fn new<C: Context>(ctx: C) -> AnyContext {
-        match (&ctx as &dyn Any).downcast_ref::<AnyContext>() {
-            Some(any) => any.clone(),
-            None => AnyContext(Arc::new(ctx)),
+/// A factory of handles (`Context`, `Device`): as `erased_handle!`, but each call converts its
+/// arguments with [`ToBackend`] before reaching the backend (so a handle of another backend
+/// fails there, before the backend is called) and its result with [`FromBackend`]; the public
+/// `new` does not wrap a `$name` twice. A method with arguments returns a `Result` (a converted
+/// argument may fail). `unsafe` methods come last; their contract is the trait's, forwarded
+/// unchanged.
+macro_rules! erased_factory {
+    (
+        $(#[$attr:meta])*
+        $name:ident($erased:ident: $tr:ident, $noun:literal) {
+            $(type $assoc:ident = $aty:ty;)*
+            $(fn $m:ident(&self $(, $a:ident: $t:ty)* $(,)?) -> $r:ty;)*
+            $(unsafe fn $um:ident(&self $(, $ua:ident: $ut:ty)* $(,)?) -> $ur:ty;)*
         }
-    }
-
-    /// The backend's concrete context, if this one wraps a `C`, for code that wants static
-    /// dispatch back.
-    pub fn downcast_ref<C: Context>(&self) -> Option<&C> {
-        self.0.as_any().downcast_ref()
-    }
-}
-
-impl fmt::Debug for AnyContext {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AnyContext({})", self.0.type_name())
-    }
-}
-
-impl Context for AnyContext {
-    type Pd = AnyPd;
-    type Mr = AnyMr;
-    type Cq = AnyCq;
-    type Channel = AnyChannel;
-    type Srq = AnySrq;
-    type Qp = AnyQp;
-
-    fn device_name(&self) -> String {
-        self.0.device_name()
-    }
-
-    fn query_device(&self) -> Result<DeviceAttr> {
-        self.0.query_device()
-    }
-
-    fn query_port(&self, port_num: u8) -> Result<PortAttr> {
-        self.0.query_port(port_num)
-    }
-
-    fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid> {
-        self.0.query_gid(port_num, index)
-    }
-
-    fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16> {
-        self.0.query_pkey(port_num, index)
-    }
-
-    fn alloc_pd(&self) -> Result<AnyPd> {
-        self.0.alloc_pd()
-    }
-
-    fn alloc_mr(&self, pd: &AnyPd, len: usize, access: AccessFlags) -> Result<AnyMr> {
-        self.0.alloc_mr(pd, len, access)
-    }
-
-    fn reg_mr_file(
-        &self,
-        pd: &AnyPd,
-        path: &Path,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<AnyMr> {
-        self.0.reg_mr_file(pd, path, len, access)
-    }
-
-    #[allow(unsafe_code)] // forwards Context::reg_mr_raw
-    unsafe fn reg_mr_raw(
-        &self,
-        pd: &AnyPd,
-        addr: *mut u8,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<AnyMr> {
-        // SAFETY: our caller upholds Context::reg_mr_raw's contract for `addr..addr + len`;
-        // it is forwarded unchanged to the wrapped context.
-        unsafe { self.0.reg_mr_raw(pd, addr, len, access) }
-    }
-
-    fn create_comp_channel(&self) -> Result<AnyChannel> {
-        self.0.create_comp_channel()
-    }
-
-    fn create_cq(&self, cqe: u32, channel: Option<&AnyChannel>) -> Result<AnyCq> {
-        self.0.create_cq(cqe, channel)
-    }
-
-    fn create_srq(&self, pd: &AnyPd, attr: &SrqAttr) -> Result<AnySrq> {
-        self.0.create_srq(pd, attr)
-    }
-
-    fn create_qp(
-        &self,
-        pd: &AnyPd,
-        send_cq: &AnyCq,
-        recv_cq: &AnyCq,
-        srq: Option<&AnySrq>,
-        attr: &QpInitAttr,
-    ) -> Result<AnyQp> {
-        self.0.create_qp(pd, send_cq, recv_cq, srq, attr)
-    }
-
-    fn poll_async_event(&self) -> Option<AsyncEvent> {
-        self.0.poll_async_event()
-    }
-}
-
-/// Object-safe mirror of [`Device`] opening erased contexts.
-trait ErasedDevice: Send + Sync + 'static {
-    fn as_any(&self) -> &dyn Any;
-    fn type_name(&self) -> &'static str;
-    fn name(&self) -> String;
-    fn node_guid(&self) -> u64;
-    fn open(&self) -> Result<AnyContext>;
-}
-
-impl<D: Device> ErasedDevice for D {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn type_name(&self) -> &'static str {
-        type_name::<D>()
-    }
-
-    fn name(&self) -> String {
-        Device::name(self)
-    }
-
-    fn node_guid(&self) -> u64 {
-        Device::node_guid(self)
-    }
-
-    fn open(&self) -> Result<AnyContext> {
-        Device::open(self).map(AnyContext::new)
-    }
-}
-
-/// A device of any backend; [`Device::open`] gives an [`AnyContext`].
-#[derive(Clone)]
-pub struct AnyDevice(Arc<dyn ErasedDevice>);
-
-impl AnyDevice {
-    /// Erases `device`. Erasing an `AnyDevice` returns it as is rather than wrapping it twice.
-    pub fn new<D: Device>(device: D) -> AnyDevice {
-        match (&device as &dyn Any).downcast_ref::<AnyDevice>() {
-            Some(any) => any.clone(),
-            None => AnyDevice(Arc::new(device)),
+    ) => {
+        trait $erased: Erased {
+            $(fn $m(&self $(, $a: $t)*) -> $r;)*
+            $(
+                /// Same contract as the trait method of the same name.
+                #[allow(unsafe_code)] // declaration only
+                unsafe fn $um(&self $(, $ua: $ut)*) -> $ur;
+            )*
         }
-    }
 
-    /// The backend's concrete device, if this one wraps a `D`.
-    pub fn downcast_ref<D: Device>(&self) -> Option<&D> {
-        self.0.as_any().downcast_ref()
+        impl<T: $tr> $erased for T {
+            $(fn $m(&self $(, $a: $t)*) -> $r {
+                $(let $a = ToBackend::to_backend($a)?;)*
+                FromBackend::from_backend(<T as $tr>::$m(self $(, $a)*))
+            })*
+            $(
+                #[allow(unsafe_code)] // forwards the trait method
+                unsafe fn $um(&self $(, $ua: $ut)*) -> $ur {
+                    $(let $ua = ToBackend::to_backend($ua)?;)*
+                    // SAFETY: our caller upholds the trait method's contract; the call passes
+                    // the same values on (erased handles made concrete).
+                    FromBackend::from_backend(unsafe { <T as $tr>::$um(self $(, $ua)*) })
+                }
+            )*
+        }
+
+        erased_struct!($(#[$attr])* $name($erased: $tr), $noun {
+            #[doc = concat!("Erases `inner`. Erasing an `", stringify!($name), "` returns it as")]
+            /// is rather than wrapping it twice.
+            pub fn new<T: $tr>(inner: T) -> $name {
+                match (&inner as &dyn Any).downcast_ref::<$name>() {
+                    Some(erased) => erased.clone(),
+                    None => $name(Arc::new(inner)),
+                }
+            }
+        });
+
+        impl<T: $tr> FromBackend<Result<T>> for Result<$name> {
+            fn from_backend(backend: Result<T>) -> Result<$name> {
+                backend.map($name::new)
+            }
+        }
+
+        impl $tr for $name {
+            $(type $assoc = $aty;)*
+
+            $(fn $m(&self $(, $a: $t)*) -> $r {
+                $erased::$m(&*self.0 $(, $a)*)
+            })*
+            $(
+                #[allow(unsafe_code)] // forwards the trait method
+                unsafe fn $um(&self $(, $ua: $ut)*) -> $ur {
+                    // SAFETY: our caller upholds the trait method's contract; the call passes
+                    // the same values on.
+                    unsafe { $erased::$um(&*self.0 $(, $ua)*) }
+                }
+            )*
+        }
+    };
+}
+
+erased_factory! {
+    /// An open device of any backend: a [`Context`] whose handles are [`AnyPd`], [`AnyMr`],
+    /// [`AnyCq`], [`AnyChannel`], [`AnySrq`] and [`AnyQp`].
+    ///
+    /// Every call forwards to the wrapped context with the same contract. A handle argument made
+    /// by a different backend fails with `InvalidArgument` before the backend is called.
+    AnyContext(ErasedContext: Context, "context") {
+        type Pd = AnyPd;
+        type Mr = AnyMr;
+        type Cq = AnyCq;
+        type Channel = AnyChannel;
+        type Srq = AnySrq;
+        type Qp = AnyQp;
+        fn device_name(&self) -> String;
+        fn query_device(&self) -> Result<DeviceAttr>;
+        fn query_port(&self, port_num: u8) -> Result<PortAttr>;
+        fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid>;
+        fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16>;
+        fn alloc_pd(&self) -> Result<AnyPd>;
+        fn alloc_mr(&self, pd: &AnyPd, len: usize, access: AccessFlags) -> Result<AnyMr>;
+        fn reg_mr_file(&self, pd: &AnyPd, path: &Path, len: usize, access: AccessFlags)
+            -> Result<AnyMr>;
+        fn create_comp_channel(&self) -> Result<AnyChannel>;
+        fn create_cq(&self, cqe: u32, channel: Option<&AnyChannel>) -> Result<AnyCq>;
+        fn create_srq(&self, pd: &AnyPd, attr: &SrqAttr) -> Result<AnySrq>;
+        fn create_qp(
+            &self,
+            pd: &AnyPd,
+            send_cq: &AnyCq,
+            recv_cq: &AnyCq,
+            srq: Option<&AnySrq>,
+            attr: &QpInitAttr,
+        ) -> Result<AnyQp>;
+        fn poll_async_event(&self) -> Option<AsyncEvent>;
+        unsafe fn reg_mr_raw(&self, pd: &AnyPd, addr: *mut u8, len: usize, access: AccessFlags)
+            -> Result<AnyMr>;
     }
 }
 
-impl fmt::Debug for AnyDevice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AnyDevice({})", self.0.type_name())
-    }
-}
-
-impl Device for AnyDevice {
-    type Context = AnyContext;
-
-    fn name(&self) -> String {
-        self.0.name()
-    }
-
-    fn node_guid(&self) -> u64 {
-        self.0.node_guid()
-    }
-
-    fn open(&self) -> Result<AnyContext> {
-        self.0.open()
+erased_factory! {
+    /// A device of any backend; [`Device::open`] gives an [`AnyContext`].
+    AnyDevice(ErasedDevice: Device, "device") {
+        type Context = AnyContext;
+        fn name(&self) -> String;
+        fn node_guid(&self) -> u64;
+        fn open(&self) -> Result<AnyContext>;
     }
 }
 

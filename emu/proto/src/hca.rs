@@ -25,26 +25,15 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::config::HcaConfig;
 use crate::cq::{Cq, Pushed};
+pub use crate::ids::{ChannelId, CqId, MrInfo, PdId, SrqId};
 use crate::memory::Memory;
 use crate::qp::{self, Qp, RecvWqe, SendWqe};
 use crate::rc::{self, Ctx, completer, requester, responder};
+use crate::srq::SrqEntry;
 use crate::stats::Stats;
 use crate::table::Table;
 use crate::time::Instant;
 use crate::wire::{self, IpContext, Packet, PacketRepr, Psn, check_icrc};
-
-/// A protection domain's number.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PdId(pub u32);
-/// A completion queue's number.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CqId(pub u32);
-/// A shared receive queue's number.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SrqId(pub u32);
-/// A completion channel's number.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ChannelId(pub u32);
 
 /// An armed CQ got a completion: the driver makes the channel's fd readable and reports `cq`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -72,36 +61,10 @@ pub const MAX_PACKET_LEN: usize = rc::MAX_PACKET_LEN;
 /// The first QP number handed out (QPN 0 and 1 are the special QPs; rxe starts at 0x11).
 pub const FIRST_QPN: u32 = 0x11;
 
-/// Registered memory: what the HCA knows about an MR.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct MrInfo {
-    /// Owning PD.
-    pub pd: PdId,
-    /// lkey (equal to rkey, as in rxe).
-    pub lkey: u32,
-    /// rkey.
-    pub rkey: u32,
-    /// Start virtual address.
-    pub iova: u64,
-    /// Length in bytes.
-    pub length: u64,
-    /// Access rights.
-    pub access: AccessFlags,
-}
-
 #[derive(Debug, Default)]
 struct PdEntry {
     /// MRs, QPs and SRQs in this PD.
     refs: u32,
-}
-
-/// An SRQ's HCA state.
-#[derive(Debug)]
-pub(crate) struct SrqEntry {
-    pub(crate) pd: PdId,
-    pub(crate) attr: SrqAttr,
-    pub(crate) queue: VecDeque<RecvWqe>,
-    qp_refs: u32,
 }
 
 #[derive(Debug, Default)]

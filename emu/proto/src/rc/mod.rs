@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use verbs_api::{AccessFlags, AsyncEvent, WcStatus, WorkCompletion};
 
-use crate::hca::{CqId, MrInfo, PdId, SrqEntry};
+use crate::ids::{CqId, MrInfo, PdId};
 use crate::memory::Memory;
+use crate::srq::SrqEntry;
 use crate::stats::Stats;
 use crate::table::Table;
 use crate::time::Instant;

@@ -28,7 +28,7 @@ use crate::cq::{Cq, Pushed};
 pub use crate::ids::{ChannelId, CqId, MrInfo, PdId, SrqId};
 use crate::memory::Memory;
 use crate::qp::{self, Qp, RecvWqe, SendWqe};
-use crate::rc::{self, Ctx, completer, requester, responder};
+use crate::rc::{self, Ctx, PacketClass, completer, requester, responder};
 use crate::srq::SrqEntry;
 use crate::stats::Stats;
 use crate::table::Table;
@@ -53,6 +53,9 @@ pub struct Transmit {
     pub src_port: u16,
     /// Bytes written to the buffer.
     pub len: usize,
+    /// What the packet is (request, data-carrying response or bare ACK/NAK), so that a driver
+    /// need not parse it to schedule it.
+    pub class: PacketClass,
 }
 
 /// The buffer size [`Hca::poll_transmit`] needs.
@@ -903,14 +906,20 @@ impl Hca {
                 wcs: &mut self.wcs,
                 events: &mut self.events,
             };
-            let len = responder::next_packet(qp, &mut ctx, src, buf)
-                .or_else(|| requester::next_packet(qp, &mut ctx, src, buf));
+            let out = responder::next_packet(qp, &mut ctx, src, buf).or_else(|| {
+                requester::next_packet(qp, &mut ctx, src, buf).map(|l| (l, PacketClass::Request))
+            });
             let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Verdict::Fatal
                 || std::mem::take(&mut qp.rc.resp_fatal);
             let dst = SocketAddr::new(qp.peer_ip, qp.attr.ah_attr.udp_dport);
-            self.after_step(qpn, fatal, len.is_some());
-            if let Some(len) = len {
-                return Some(Transmit { dst, src_port, len });
+            self.after_step(qpn, fatal, out.is_some());
+            if let Some((len, class)) = out {
+                return Some(Transmit {
+                    dst,
+                    src_port,
+                    len,
+                    class,
+                });
             }
         }
         None

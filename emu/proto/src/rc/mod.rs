@@ -28,6 +28,7 @@ use crate::time::Instant;
 use crate::wire::{NakCode, Psn};
 
 pub(crate) use tx::MAX_PACKET_LEN;
+pub use tx::PacketClass;
 
 /// At most this many un-ACKed PSNs per QP, as rxe (`RXE_MAX_UNACKED_PSNS`, rc-transport.md
 /// §2.11); bounds the retransmission work and the peer's receive buffer.

@@ -12,7 +12,7 @@ use verbs_api::{
 };
 
 use super::requester::{position, sg_copy};
-use super::tx::{self, TxError};
+use super::tx::{self, PacketClass, TxError};
 use super::{Ctx, InMsg, Resource, ResourceKind, Response, packets};
 use crate::memory::AtomicOp;
 use crate::qp::{Qp, RecvWqe};
@@ -571,14 +571,18 @@ fn duplicate(qp: &mut Qp, pkt: &PacketRepr<'_>) -> Disposition {
     }
 }
 
-/// Builds the next queued response of `qp` into `buf`.
+/// Builds the next queued response of `qp` into `buf`; returns its length and class.
 pub(crate) fn next_packet(
     qp: &mut Qp,
     ctx: &mut Ctx<'_>,
     src: SocketAddr,
     buf: &mut [u8],
-) -> Option<usize> {
+) -> Option<(usize, PacketClass)> {
     let resp = *qp.rc.responses.front()?;
+    let class = match resp {
+        Response::Ack { .. } | Response::Nak { .. } | Response::RnrNak { .. } => PacketClass::Ack,
+        Response::AtomicAck { .. } | Response::Read { .. } => PacketClass::Response,
+    };
     let ip = tx::ip_context(src.ip(), qp.peer_ip, src.port(), qp.attr.ah_attr.udp_dport).ok()?;
     let msn = qp.rc.msn;
     let bth = |opcode: Opcode, psn: Psn| BthRepr {
@@ -687,7 +691,7 @@ pub(crate) fn next_packet(
                 *sent += 1;
             }
             qp.rc.stats.sent_pkts += 1;
-            Some(len)
+            Some((len, class))
         }
         Err(_) => {
             // The MR went away under a READ: answer with a remote access NAK instead.

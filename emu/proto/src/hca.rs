@@ -30,7 +30,7 @@ use crate::memory::Memory;
 use crate::qp::{self, Qp, RecvWqe, SendWqe};
 use crate::rc::{self, Ctx, PacketClass, completer, requester, responder};
 use crate::srq::SrqEntry;
-use crate::stats::Stats;
+use crate::stats::{RxDropCause, Stats};
 use crate::table::Table;
 use crate::time::Instant;
 use crate::wire::{self, IpContext, Packet, PacketRepr, Psn, check_icrc};
@@ -802,38 +802,31 @@ impl Hca {
     ) {
         let own = self.own_ip;
         let Ok(ip) = rc::tx::ip_context(src.ip(), own, src.port(), self.config.udp_port) else {
-            self.stats.dropped += 1;
+            self.stats.count_drop(RxDropCause::AddressFamily);
             return;
         };
         if check_icrc(&ip, bytes).is_err() {
             // A foreign sender's IPv4 identification is not visible here (§1.8 addendum).
             if !(self.config.foreign_ipv4_ident && self.ident_solves(&ip, bytes)) {
-                self.stats.icrc_errors += 1;
+                self.stats.count_drop(RxDropCause::BadIcrc);
                 return;
             }
             self.stats.icrc_ident_solved += 1;
         }
         let Ok(pkt) = PacketRepr::parse(&Packet::new_unchecked(bytes)) else {
-            self.stats.dropped += 1;
+            self.stats.count_drop(RxDropCause::Malformed);
             return;
         };
         let qpn = pkt.bth.dest_qp;
         let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
-            self.stats.dropped += 1;
+            self.stats.count_drop(RxDropCause::UnknownQp);
             return;
         };
-        let op = pkt.bth.opcode;
-        let state = qp.state();
-        let accepts = if op.is_request() {
-            matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-        } else {
-            op.is_response() && matches!(state, QpState::Rts | QpState::Sqd)
-        };
-        // rxe drops a foreign source address or P_Key silently (§1.10, trap 10).
-        if !accepts || qp.peer_ip != src.ip() || pkt.bth.pkey & 0x7FFF != 0x7FFF {
-            qp.rc.stats.dropped += 1;
+        if let Some(cause) = refusal(qp, &pkt, src.ip()) {
+            qp.rc.stats.count_drop(cause);
             return;
         }
+        let op = pkt.bth.opcode;
         let mut ctx = Ctx {
             now,
             mrs: &self.mrs,
@@ -1166,6 +1159,28 @@ impl Hca {
                 element: EventElement::Qp(qpn),
             });
         }
+    }
+}
+
+/// Why `qp` refuses `pkt` from `src` before the transport looks at it, if it does: its state
+/// does not take the packet's kind, or (rxe drops both silently, §1.10, trap 10) the source
+/// is not its peer or the P_Key is foreign.
+fn refusal(qp: &Qp, pkt: &PacketRepr<'_>, src: IpAddr) -> Option<RxDropCause> {
+    let op = pkt.bth.opcode;
+    let state = qp.state();
+    let accepts = if op.is_request() {
+        matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    } else {
+        op.is_response() && matches!(state, QpState::Rts | QpState::Sqd)
+    };
+    if !accepts {
+        Some(RxDropCause::WrongState)
+    } else if qp.peer_ip != src {
+        Some(RxDropCause::WrongSource)
+    } else if pkt.bth.pkey & 0x7FFF != 0x7FFF {
+        Some(RxDropCause::BadPkey)
+    } else {
+        None
     }
 }
 

@@ -27,5 +27,5 @@ pub use hca::{FIRST_QPN, Hca, MAX_PACKET_LEN, Notification, Transmit};
 pub use ids::{ChannelId, CqId, MrInfo, PdId, SrqId};
 pub use memory::{AtomicOp, Memory, MemoryFault, NoMemory};
 pub use rc::PacketClass;
-pub use stats::Stats;
+pub use stats::{RxDropCause, RxDrops, Stats};
 pub use time::Instant;

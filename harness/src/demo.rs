@@ -158,13 +158,13 @@ pub fn verdict(r: &Report) -> (Vec<String>, bool) {
     let sent: u64 = r
         .node_reports
         .iter()
-        .filter_map(|n| n.stats)
+        .filter_map(|n| n.stats.as_ref())
         .map(|s| s.sent_pkts)
         .sum();
     let retransmits: u64 = r
         .node_reports
         .iter()
-        .filter_map(|n| n.stats)
+        .filter_map(|n| n.stats.as_ref())
         .map(|s| s.retransmits_timeout + s.retransmits_nak)
         .sum();
     let checked: u64 = r

@@ -77,8 +77,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
-use emu_proto::wire::Opcode;
-use emu_proto::{ChannelId, Hca, HcaConfig, Instant};
+use emu_proto::{ChannelId, Hca, HcaConfig, Instant, PacketClass};
 use emu_sim::internals::ChannelShared;
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
@@ -718,8 +717,9 @@ pub(crate) struct Io {
     feed: Vec<Feed>,
     /// Scratch queue of the receive-side fault stage.
     rx_owned: VecDeque<Datagram>,
-    /// Packets pulled from the engine, before the fault stage.
-    staged: Vec<Datagram>,
+    /// Packets pulled from the engine, before the fault stage, with the class the engine gave
+    /// each.
+    staged: Vec<(PacketClass, Datagram)>,
     /// Packets to write to the socket, in order.
     out: VecDeque<Datagram>,
     /// Packets the device sent to itself, fed back next pass.
@@ -736,7 +736,7 @@ pub(crate) struct Io {
     /// A verbs call sent packets since the thread last parked.
     active: bool,
     /// ACKs an application thread's pass left for its next call (see [`Io::pass`]).
-    held_acks: Vec<Datagram>,
+    held_acks: Vec<(PacketClass, Datagram)>,
 }
 
 /// The progress thread's own state.
@@ -897,7 +897,7 @@ impl Io {
             && self
                 .staged
                 .iter()
-                .all(|s| opcode(s) == Some(Opcode::Acknowledge))
+                .all(|(class, _)| *class == PacketClass::Ack)
         {
             std::mem::swap(&mut self.staged, &mut self.held_acks);
         }
@@ -925,11 +925,12 @@ impl Io {
             };
             // The engine signs for the socket's port (`HcaConfig::source_port`): its ICRC is
             // final.
-            self.staged.push(Datagram {
+            let datagram = Datagram {
                 peer: tx.dst,
                 buf,
                 len: tx.len,
-            });
+            };
+            self.staged.push((tx.class, datagram));
         }
         Pull::Full
     }
@@ -944,7 +945,7 @@ impl Io {
         let responses = self
             .staged
             .iter()
-            .any(|s| opcode(s).is_none_or(Opcode::is_response));
+            .any(|(class, _)| *class != PacketClass::Request);
         if responses {
             self.staged.splice(0..0, self.held_acks.drain(..));
         } else {
@@ -1147,7 +1148,7 @@ impl Io {
     fn send(&mut self, core: &Core, now: Instant, release: bool) {
         if !self.staged.is_empty() {
             let mut cfg = core.faults();
-            for s in self.staged.drain(..) {
+            for (_, s) in self.staged.drain(..) {
                 self.tx_stage.apply(
                     &mut cfg,
                     Direction::Tx,
@@ -1262,11 +1263,6 @@ impl Io {
             self.writable_armed = on;
         }
     }
-}
-
-/// The opcode of a pulled packet (its BTH's first byte); `None` for an empty packet.
-fn opcode(s: &Datagram) -> Option<Opcode> {
-    s.bytes().first().map(|&b| Opcode::from(b))
 }
 
 /// The poller interest of the socket: readable, and writable while a backlog waits.

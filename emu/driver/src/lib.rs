@@ -92,9 +92,9 @@
 //!
 //! Every received datagram goes to the engine, which drops and counts (never answers) a bad
 //! ICRC, a malformed packet, an unknown QP, a QP in the wrong state or a source address other
-//! than the QP's peer: see [`UdpContext::device_stats`] and [`UdpQp::stats`]. The engine
-//! computes each packet's ICRC once, for the UDP source port it really leaves from (the
-//! device's socket port, `HcaConfig::source_port`).
+//! than the QP's peer, per cause (`Stats::rx_drops`): see [`UdpContext::device_stats`] and
+//! [`UdpQp::stats`]. The engine computes each packet's ICRC once, for the UDP source port it
+//! really leaves from (the device's socket port, `HcaConfig::source_port`).
 //!
 //! # Not done yet
 //!

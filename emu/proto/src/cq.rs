@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use verbs_api::{WcStatus, WorkCompletion};
 
-use crate::hca::ChannelId;
+use crate::ids::ChannelId;
 
 /// One CQ.
 #[derive(Debug)]

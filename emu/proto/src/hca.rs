@@ -25,26 +25,15 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::config::HcaConfig;
 use crate::cq::{Cq, Pushed};
+pub use crate::ids::{ChannelId, CqId, MrInfo, PdId, SrqId};
 use crate::memory::Memory;
 use crate::qp::{self, Qp, RecvWqe, SendWqe};
-use crate::rc::{self, Ctx, completer, requester, responder};
-use crate::stats::Stats;
+use crate::rc::{self, Ctx, PacketClass, completer, requester, responder};
+use crate::srq::SrqEntry;
+use crate::stats::{RxDropCause, Stats};
 use crate::table::Table;
 use crate::time::Instant;
 use crate::wire::{self, IpContext, Packet, PacketRepr, Psn, check_icrc};
-
-/// A protection domain's number.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PdId(pub u32);
-/// A completion queue's number.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CqId(pub u32);
-/// A shared receive queue's number.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SrqId(pub u32);
-/// A completion channel's number.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ChannelId(pub u32);
 
 /// An armed CQ got a completion: the driver makes the channel's fd readable and reports `cq`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -64,6 +53,9 @@ pub struct Transmit {
     pub src_port: u16,
     /// Bytes written to the buffer.
     pub len: usize,
+    /// What the packet is (request, data-carrying response or bare ACK/NAK), so that a driver
+    /// need not parse it to schedule it.
+    pub class: PacketClass,
 }
 
 /// The buffer size [`Hca::poll_transmit`] needs.
@@ -72,36 +64,10 @@ pub const MAX_PACKET_LEN: usize = rc::MAX_PACKET_LEN;
 /// The first QP number handed out (QPN 0 and 1 are the special QPs; rxe starts at 0x11).
 pub const FIRST_QPN: u32 = 0x11;
 
-/// Registered memory: what the HCA knows about an MR.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct MrInfo {
-    /// Owning PD.
-    pub pd: PdId,
-    /// lkey (equal to rkey, as in rxe).
-    pub lkey: u32,
-    /// rkey.
-    pub rkey: u32,
-    /// Start virtual address.
-    pub iova: u64,
-    /// Length in bytes.
-    pub length: u64,
-    /// Access rights.
-    pub access: AccessFlags,
-}
-
 #[derive(Debug, Default)]
 struct PdEntry {
     /// MRs, QPs and SRQs in this PD.
     refs: u32,
-}
-
-/// An SRQ's HCA state.
-#[derive(Debug)]
-pub(crate) struct SrqEntry {
-    pub(crate) pd: PdId,
-    pub(crate) attr: SrqAttr,
-    pub(crate) queue: VecDeque<RecvWqe>,
-    qp_refs: u32,
 }
 
 #[derive(Debug, Default)]
@@ -836,38 +802,31 @@ impl Hca {
     ) {
         let own = self.own_ip;
         let Ok(ip) = rc::tx::ip_context(src.ip(), own, src.port(), self.config.udp_port) else {
-            self.stats.dropped += 1;
+            self.stats.count_drop(RxDropCause::AddressFamily);
             return;
         };
         if check_icrc(&ip, bytes).is_err() {
             // A foreign sender's IPv4 identification is not visible here (§1.8 addendum).
             if !(self.config.foreign_ipv4_ident && self.ident_solves(&ip, bytes)) {
-                self.stats.icrc_errors += 1;
+                self.stats.count_drop(RxDropCause::BadIcrc);
                 return;
             }
             self.stats.icrc_ident_solved += 1;
         }
         let Ok(pkt) = PacketRepr::parse(&Packet::new_unchecked(bytes)) else {
-            self.stats.dropped += 1;
+            self.stats.count_drop(RxDropCause::Malformed);
             return;
         };
         let qpn = pkt.bth.dest_qp;
         let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
-            self.stats.dropped += 1;
+            self.stats.count_drop(RxDropCause::UnknownQp);
             return;
         };
-        let op = pkt.bth.opcode;
-        let state = qp.state();
-        let accepts = if op.is_request() {
-            matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-        } else {
-            op.is_response() && matches!(state, QpState::Rts | QpState::Sqd)
-        };
-        // rxe drops a foreign source address or P_Key silently (§1.10, trap 10).
-        if !accepts || qp.peer_ip != src.ip() || pkt.bth.pkey & 0x7FFF != 0x7FFF {
-            qp.rc.stats.dropped += 1;
+        if let Some(cause) = refusal(qp, &pkt, src.ip()) {
+            qp.rc.stats.count_drop(cause);
             return;
         }
+        let op = pkt.bth.opcode;
         let mut ctx = Ctx {
             now,
             mrs: &self.mrs,
@@ -940,14 +899,20 @@ impl Hca {
                 wcs: &mut self.wcs,
                 events: &mut self.events,
             };
-            let len = responder::next_packet(qp, &mut ctx, src, buf)
-                .or_else(|| requester::next_packet(qp, &mut ctx, src, buf));
+            let out = responder::next_packet(qp, &mut ctx, src, buf).or_else(|| {
+                requester::next_packet(qp, &mut ctx, src, buf).map(|l| (l, PacketClass::Request))
+            });
             let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Verdict::Fatal
                 || std::mem::take(&mut qp.rc.resp_fatal);
             let dst = SocketAddr::new(qp.peer_ip, qp.attr.ah_attr.udp_dport);
-            self.after_step(qpn, fatal, len.is_some());
-            if let Some(len) = len {
-                return Some(Transmit { dst, src_port, len });
+            self.after_step(qpn, fatal, out.is_some());
+            if let Some((len, class)) = out {
+                return Some(Transmit {
+                    dst,
+                    src_port,
+                    len,
+                    class,
+                });
             }
         }
         None
@@ -1194,6 +1159,28 @@ impl Hca {
                 element: EventElement::Qp(qpn),
             });
         }
+    }
+}
+
+/// Why `qp` refuses `pkt` from `src` before the transport looks at it, if it does: its state
+/// does not take the packet's kind, or (rxe drops both silently, §1.10, trap 10) the source
+/// is not its peer or the P_Key is foreign.
+fn refusal(qp: &Qp, pkt: &PacketRepr<'_>, src: IpAddr) -> Option<RxDropCause> {
+    let op = pkt.bth.opcode;
+    let state = qp.state();
+    let accepts = if op.is_request() {
+        matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    } else {
+        op.is_response() && matches!(state, QpState::Rts | QpState::Sqd)
+    };
+    if !accepts {
+        Some(RxDropCause::WrongState)
+    } else if qp.peer_ip != src {
+        Some(RxDropCause::WrongSource)
+    } else if pkt.bth.pkey & 0x7FFF != 0x7FFF {
+        Some(RxDropCause::BadPkey)
+    } else {
+        None
     }
 }
 

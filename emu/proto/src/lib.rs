@@ -11,9 +11,11 @@ pub mod config;
 mod cq;
 mod events;
 pub mod hca;
+mod ids;
 pub mod memory;
 mod qp;
 mod rc;
+mod srq;
 pub mod stats;
 mod table;
 pub mod time;
@@ -21,9 +23,9 @@ pub mod wire;
 
 pub use config::{HcaConfig, Limits};
 pub use events::EventRouter;
-pub use hca::{
-    ChannelId, CqId, FIRST_QPN, Hca, MAX_PACKET_LEN, MrInfo, Notification, PdId, SrqId, Transmit,
-};
+pub use hca::{FIRST_QPN, Hca, MAX_PACKET_LEN, Notification, Transmit};
+pub use ids::{ChannelId, CqId, MrInfo, PdId, SrqId};
 pub use memory::{AtomicOp, Memory, MemoryFault, NoMemory};
-pub use stats::Stats;
+pub use rc::PacketClass;
+pub use stats::{RxDropCause, RxDrops, Stats};
 pub use time::Instant;

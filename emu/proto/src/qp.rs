@@ -13,7 +13,7 @@ use verbs_api::{
 };
 
 use crate::config::Limits;
-use crate::hca::{CqId, PdId, SrqId};
+use crate::ids::{CqId, PdId, SrqId};
 
 /// A send work queue entry: the posted request, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]

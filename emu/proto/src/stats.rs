@@ -1,5 +1,7 @@
 //! Counters per QP and per device, named after rxe's hw counters (`rxe_hw_counters.h`) where
-//! rxe has one.
+//! rxe has one, and the causes for which the device discards a received packet.
+//!
+//! Plain data: the HCA and the RC engine count, drivers and reports read.
 
 use core::ops::AddAssign;
 
@@ -39,7 +41,9 @@ pub struct Stats {
     /// IPv4 packets whose ICRC matched only with a non-zero IPv4 identification, which was
     /// solved for (`HcaConfig::foreign_ipv4_ident`; device only): traffic from rxe or a NIC.
     pub icrc_ident_solved: u64,
-    /// Packets dropped as malformed, for an unknown QP, a wrong state or a wrong source.
+    /// Received packets dropped for a cause [`RxDropCause::counts_in_dropped`] names
+    /// (malformed, unknown QP, wrong state, source or P_Key, responder queue full), plus
+    /// packets the engine could not build (an MR gone under a READ response, a codec error).
     pub dropped: u64,
     /// Transport retries exhausted (`retry_exceeded_err`).
     pub retry_exceeded_err: u64,
@@ -49,6 +53,155 @@ pub struct Stats {
     pub duplicate_response: u64,
     /// ACKs sent (coalesced, explicit).
     pub acks_sent: u64,
+    /// Received packets discarded, by cause (some also count in an older counter: see
+    /// [`RxDropCause`]).
+    pub rx_drops: RxDrops,
+}
+
+impl Stats {
+    /// Counts one received packet discarded for `cause`: its per-cause counter and the older
+    /// counter that has always counted it, if any ([`RxDropCause`] says which).
+    pub(crate) fn count_drop(&mut self, cause: RxDropCause) {
+        self.rx_drops.counts[cause as usize] += 1;
+        use RxDropCause as C;
+        let older = match cause {
+            C::BadIcrc => Some(&mut self.icrc_errors),
+            C::OutOfSequence => Some(&mut self.out_of_seq_request),
+            C::ReceiverNotReady => Some(&mut self.send_rnr_err),
+            C::StaleResponse => Some(&mut self.duplicate_response),
+            C::DuplicateRequest => None,
+            _ if cause.counts_in_dropped() => Some(&mut self.dropped),
+            _ => None,
+        };
+        if let Some(counter) = older {
+            *counter += 1;
+        }
+    }
+}
+
+/// Why the device discarded a received packet without executing it, in the order of the
+/// checks (rc-transport.md §1.8–§1.10, §2.6, §2.10, §4.2, §4.5). Each cause has a counter in
+/// [`RxDrops`], reported by [`RxDropCause::name`].
+///
+/// Not a drop: a request the responder rejects with a NAK that moves its QP to ERR (a class
+/// A/C error), or a duplicate it answers again (re-ACK, READ re-execution, atomic replay).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RxDropCause {
+    /// The sender's and the device's IP addresses are of different versions: no ICRC can be
+    /// computed (counted in `dropped` too).
+    AddressFamily,
+    /// The ICRC does not match (counted in `icrc_errors` too).
+    BadIcrc,
+    /// The headers do not parse (unknown opcode, truncated), or an ACKNOWLEDGE carries a
+    /// reserved AETH syndrome (counted in `dropped` too).
+    Malformed,
+    /// No QP has the BTH's destination QP number (counted in `dropped` too).
+    UnknownQp,
+    /// The QP's state does not accept the packet: requests need RTR, RTS or SQD, responses
+    /// RTS or SQD (counted in `dropped` too).
+    WrongState,
+    /// The source address is not the QP's peer (counted in `dropped` too).
+    WrongSource,
+    /// The P_Key is not the default partition (counted in `dropped` too).
+    BadPkey,
+    /// The responder's queue of owed responses is full; the requester retries (counted in
+    /// `dropped` too).
+    ResponderBusy,
+    /// A request past the expected PSN: a gap, NAKed once per gap (counted in
+    /// `out_of_seq_request` too).
+    OutOfSequence,
+    /// A duplicate request with nothing to answer: a READ outside the remembered one, an
+    /// atomic not at its first PSN or no longer remembered (`duplicate_request` counts every
+    /// duplicate, answered or not).
+    DuplicateRequest,
+    /// A request that needs a receive WQE when none is posted: RNR NAKed (counted in
+    /// `send_rnr_err` too).
+    ReceiverNotReady,
+    /// A response outside the window of un-ACKed PSNs, or not the next one expected (a
+    /// duplicate, or one after a lost response) (counted in `duplicate_response` too).
+    StaleResponse,
+}
+
+impl RxDropCause {
+    /// Every cause, in declaration order.
+    pub const ALL: [RxDropCause; 12] = [
+        RxDropCause::AddressFamily,
+        RxDropCause::BadIcrc,
+        RxDropCause::Malformed,
+        RxDropCause::UnknownQp,
+        RxDropCause::WrongState,
+        RxDropCause::WrongSource,
+        RxDropCause::BadPkey,
+        RxDropCause::ResponderBusy,
+        RxDropCause::OutOfSequence,
+        RxDropCause::DuplicateRequest,
+        RxDropCause::ReceiverNotReady,
+        RxDropCause::StaleResponse,
+    ];
+
+    /// The counter's name in reports: `snake_case`, stable.
+    pub fn name(self) -> &'static str {
+        match self {
+            RxDropCause::AddressFamily => "address_family",
+            RxDropCause::BadIcrc => "bad_icrc",
+            RxDropCause::Malformed => "malformed",
+            RxDropCause::UnknownQp => "unknown_qp",
+            RxDropCause::WrongState => "wrong_state",
+            RxDropCause::WrongSource => "wrong_source",
+            RxDropCause::BadPkey => "bad_pkey",
+            RxDropCause::ResponderBusy => "responder_busy",
+            RxDropCause::OutOfSequence => "out_of_sequence",
+            RxDropCause::DuplicateRequest => "duplicate_request",
+            RxDropCause::ReceiverNotReady => "receiver_not_ready",
+            RxDropCause::StaleResponse => "stale_response",
+        }
+    }
+
+    /// True for the causes the `dropped` counter has always summed.
+    pub fn counts_in_dropped(self) -> bool {
+        use RxDropCause as C;
+        matches!(
+            self,
+            C::AddressFamily
+                | C::Malformed
+                | C::UnknownQp
+                | C::WrongState
+                | C::WrongSource
+                | C::BadPkey
+                | C::ResponderBusy
+        )
+    }
+}
+
+/// One counter per [`RxDropCause`].
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RxDrops {
+    counts: [u64; RxDropCause::ALL.len()],
+}
+
+impl RxDrops {
+    /// Packets discarded for `cause`.
+    pub fn get(&self, cause: RxDropCause) -> u64 {
+        self.counts[cause as usize]
+    }
+
+    /// Packets discarded for any cause.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Every cause with its count, in [`RxDropCause::ALL`] order (zeros included).
+    pub fn iter(&self) -> impl Iterator<Item = (RxDropCause, u64)> + '_ {
+        RxDropCause::ALL.iter().map(|&c| (c, self.get(c)))
+    }
+}
+
+impl AddAssign for RxDrops {
+    fn add_assign(&mut self, o: RxDrops) {
+        for (a, b) in self.counts.iter_mut().zip(o.counts) {
+            *a += b;
+        }
+    }
 }
 
 impl AddAssign for Stats {
@@ -76,7 +229,8 @@ impl AddAssign for Stats {
             retry_exceeded_err,
             retry_rnr_exceeded_err,
             duplicate_response,
-            acks_sent
+            acks_sent,
+            rx_drops
         );
     }
 }

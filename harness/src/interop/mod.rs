@@ -418,6 +418,15 @@ pub fn random_psn() -> u32 {
     (h.finish() & 0xFF_FFFF) as u32
 }
 
+/// Every receive drop counter as `name=count`, space-separated, in cause order.
+fn rx_drops_line(drops: &emu_proto::RxDrops) -> String {
+    let parts: Vec<String> = drops
+        .iter()
+        .map(|(cause, n)| format!("{}={n}", cause.name()))
+        .collect();
+    parts.join(" ")
+}
+
 /// The device counters of a `udp` context as printable lines, and the number of packets it
 /// dropped for a bad ICRC; `None` for other providers.
 pub fn udp_report(ctx: &AnyContext) -> Option<(String, u64)> {
@@ -430,6 +439,7 @@ pub fn udp_report(ctx: &AnyContext) -> Option<(String, u64)> {
          retransmits_timeout={} retransmits_nak={} timeout_retries={} duplicate_request={} \
          out_of_seq_request={} seq_naks_sent={} rcvd_seq_err={} send_rnr_err={} rcvd_rnr_err={} \
          retry_exceeded_err={} duplicate_response={} acks_sent={}\n\
+         receive drops: {}\n\
          socket: datagrams_received={} datagrams_sent={} send_errors={} recv_errors={}",
         ctx.device_name(),
         udp.local_addr(),
@@ -450,6 +460,7 @@ pub fn udp_report(ctx: &AnyContext) -> Option<(String, u64)> {
         s.retry_exceeded_err,
         s.duplicate_response,
         s.acks_sent,
+        rx_drops_line(&s.rx_drops),
         d.datagrams_received,
         d.datagrams_sent,
         d.send_errors,

@@ -54,7 +54,21 @@ fn transport_json(before: &Stats, after: &Stats) -> serde_json::Value {
         "rcvd_seq_err": d(|s| s.rcvd_seq_err),
         "rcvd_rnr_err": d(|s| s.rcvd_rnr_err),
         "duplicate_response": d(|s| s.duplicate_response),
+        "rx_drops": rx_drops_json(before, after),
     })
+}
+
+/// The receive drops of one run by cause name (after − before), every cause listed.
+fn rx_drops_json(before: &Stats, after: &Stats) -> serde_json::Value {
+    let map: serde_json::Map<String, serde_json::Value> = after
+        .rx_drops
+        .iter()
+        .map(|(cause, n)| {
+            let diff = n.saturating_sub(before.rx_drops.get(cause));
+            (cause.name().to_owned(), diff.into())
+        })
+        .collect();
+    serde_json::Value::Object(map)
 }
 
 fn plan(loss: f64, seed: u64) -> FaultPlan {

@@ -664,7 +664,7 @@ fn fill_row(row: &mut RunRow, r: &Report) {
         for (k, v) in &n.completions {
             *row.completions.entry(k.clone()).or_insert(0) += v;
         }
-        if let Some(s) = n.stats {
+        if let Some(s) = &n.stats {
             row.retransmits += s.retransmits_timeout + s.retransmits_nak;
         }
         if let Some(f) = n.injected {

@@ -1074,7 +1074,7 @@ impl Orchestrator {
                     ops_failed: n.summary.as_ref().map(|s| s.ops_failed),
                     bytes: n.summary.as_ref().map(|s| s.bytes),
                     completions: counts.completions,
-                    stats: n.summary.as_ref().map(|s| s.stats),
+                    stats: n.summary.as_ref().map(|s| s.stats.clone()),
                     injected: n
                         .summary
                         .as_ref()

@@ -187,7 +187,7 @@ pub struct NodeSummary {
 }
 
 /// The device counters a report shows (from `UdpContext::device_stats`).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransportStats {
     /// Packets sent.
     pub sent_pkts: u64,
@@ -213,6 +213,10 @@ pub struct TransportStats {
     pub icrc_errors: u64,
     /// Retries exhausted.
     pub retry_exceeded_err: u64,
+    /// Received packets the device discarded, by cause ([`emu_proto::RxDropCause::name`]);
+    /// every cause is listed. Empty from a node that predates the breakdown.
+    #[serde(default)]
+    pub rx_drops: BTreeMap<String, u64>,
 }
 
 impl TransportStats {
@@ -231,6 +235,11 @@ impl TransportStats {
             dropped: s.dropped,
             icrc_errors: s.icrc_errors,
             retry_exceeded_err: s.retry_exceeded_err,
+            rx_drops: s
+                .rx_drops
+                .iter()
+                .map(|(cause, n)| (cause.name().to_owned(), n))
+                .collect(),
         }
     }
 }

@@ -203,7 +203,7 @@ pub fn render(r: &Report) -> String {
             .map(|(_, v)| v)
             .sum();
         let dash = || "-".to_owned();
-        let st = n.stats;
+        let st = n.stats.as_ref();
         let inj = n.injected;
         let _ = writeln!(
             s,

@@ -10,6 +10,7 @@ use super::requester::sg_copy;
 use super::{Ctx, ack_timeout, nak_status};
 use crate::memory::MemoryFault;
 use crate::qp::{Qp, SendWqe};
+use crate::stats::RxDropCause;
 use crate::wire::{NakCode, Opcode, PacketRepr, Position, Psn, Syndrome};
 
 /// What the completer asks of the HCA after handling a response.
@@ -29,7 +30,7 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
     let in_window =
         !psn.is_before(rc.comp_psn.wrapping_add(0xFF_FFFF)) && psn.is_before(rc.req_psn);
     if !in_window {
-        rc.stats.duplicate_response += 1;
+        rc.stats.count_drop(RxDropCause::StaleResponse);
         return Verdict::Done;
     }
     let op = pkt.bth.opcode;
@@ -68,7 +69,7 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
                 }
             }
             _ => {
-                qp.rc.stats.dropped += 1;
+                qp.rc.stats.count_drop(RxDropCause::Malformed);
                 Verdict::Done
             }
         }
@@ -77,7 +78,8 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
     } else if op == Opcode::AtomicAcknowledge {
         atomic_ack(qp, ctx, pkt)
     } else {
-        qp.rc.stats.dropped += 1;
+        // Unreachable: the HCA hands the completer responses only.
+        qp.rc.stats.count_drop(RxDropCause::WrongState);
         Verdict::Done
     };
     if verdict == Verdict::Done {
@@ -306,7 +308,7 @@ fn read_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdic
     ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
     if psn != qp.rc.comp_psn {
         // Older: a duplicate. Newer: earlier responses were lost; the timer recovers (§2.10).
-        qp.rc.stats.duplicate_response += 1;
+        qp.rc.stats.count_drop(RxDropCause::StaleResponse);
         return Verdict::Done;
     }
     let mtu = qp.attr.path_mtu.bytes();
@@ -372,7 +374,7 @@ fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdict {
     let psn = pkt.bth.psn;
     ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
     if psn != qp.rc.comp_psn {
-        qp.rc.stats.duplicate_response += 1;
+        qp.rc.stats.count_drop(RxDropCause::StaleResponse);
         return Verdict::Done;
     }
     let Some(head) = qp.sq.front() else {

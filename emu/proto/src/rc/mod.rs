@@ -19,14 +19,16 @@ use std::time::Duration;
 
 use verbs_api::{AccessFlags, AsyncEvent, WcStatus, WorkCompletion};
 
-use crate::hca::{CqId, MrInfo, PdId, SrqEntry};
+use crate::ids::{CqId, MrInfo, PdId};
 use crate::memory::Memory;
+use crate::srq::SrqEntry;
 use crate::stats::Stats;
 use crate::table::Table;
 use crate::time::Instant;
 use crate::wire::{NakCode, Psn};
 
 pub(crate) use tx::MAX_PACKET_LEN;
+pub use tx::PacketClass;
 
 /// At most this many un-ACKed PSNs per QP, as rxe (`RXE_MAX_UNACKED_PSNS`, rc-transport.md
 /// §2.11); bounds the retransmission work and the peer's receive buffer.

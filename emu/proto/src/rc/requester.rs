@@ -127,7 +127,7 @@ fn start(qp: &mut Qp, ctx: &Ctx<'_>, idx: usize) -> bool {
 /// Checks every non-empty SGE: registered in the QP's PD, in range, with `need` rights (§7.4).
 fn check_sges(
     ctx: &Ctx<'_>,
-    pd: crate::hca::PdId,
+    pd: crate::ids::PdId,
     sges: &[Sge],
     need: AccessFlags,
 ) -> Option<WcStatus> {

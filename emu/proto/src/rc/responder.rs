@@ -12,10 +12,11 @@ use verbs_api::{
 };
 
 use super::requester::{position, sg_copy};
-use super::tx::{self, TxError};
+use super::tx::{self, PacketClass, TxError};
 use super::{Ctx, InMsg, Resource, ResourceKind, Response, packets};
 use crate::memory::AtomicOp;
 use crate::qp::{Qp, RecvWqe};
+use crate::stats::RxDropCause;
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, Position, Psn, RnrTimer,
     Syndrome,
@@ -55,14 +56,14 @@ fn reject(nak: NakCode) -> Reject {
 /// Handles one request packet for `qp` (state RTR, RTS or SQD).
 pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
     if qp.rc.responses.len() >= MAX_QUEUED_RESPONSES {
-        qp.rc.stats.dropped += 1;
+        qp.rc.stats.count_drop(RxDropCause::ResponderBusy);
         return Disposition::Dropped;
     }
     // check_psn (§2.6)
     let psn = pkt.bth.psn;
     let d = psn.diff(qp.rc.epsn);
     if d > 0 {
-        qp.rc.stats.out_of_seq_request += 1;
+        qp.rc.stats.count_drop(RxDropCause::OutOfSequence);
         if !qp.rc.seq_nak_sent {
             qp.rc.seq_nak_sent = true;
             qp.rc.stats.seq_naks_sent += 1;
@@ -76,7 +77,11 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_
     }
     if d < 0 {
         qp.rc.stats.duplicate_request += 1;
-        return duplicate(qp, pkt);
+        let answered = duplicate(qp, pkt);
+        if answered == Disposition::Dropped {
+            qp.rc.stats.count_drop(RxDropCause::DuplicateRequest);
+        }
+        return answered;
     }
     match execute_in_order(qp, ctx, pkt) {
         Ok(d) => d,
@@ -222,7 +227,7 @@ fn take_recv_wqe(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Option<RecvWqe> {
 
 /// Queues an RNR NAK (§4.2): the request is dropped, the QP stays in RTS.
 fn rnr(qp: &mut Qp, psn: Psn) -> Disposition {
-    qp.rc.stats.send_rnr_err += 1;
+    qp.rc.stats.count_drop(RxDropCause::ReceiverNotReady);
     qp.rc.responses.push_back(Response::RnrNak { psn });
     Disposition::Dropped
 }
@@ -571,14 +576,18 @@ fn duplicate(qp: &mut Qp, pkt: &PacketRepr<'_>) -> Disposition {
     }
 }
 
-/// Builds the next queued response of `qp` into `buf`.
+/// Builds the next queued response of `qp` into `buf`; returns its length and class.
 pub(crate) fn next_packet(
     qp: &mut Qp,
     ctx: &mut Ctx<'_>,
     src: SocketAddr,
     buf: &mut [u8],
-) -> Option<usize> {
+) -> Option<(usize, PacketClass)> {
     let resp = *qp.rc.responses.front()?;
+    let class = match resp {
+        Response::Ack { .. } | Response::Nak { .. } | Response::RnrNak { .. } => PacketClass::Ack,
+        Response::AtomicAck { .. } | Response::Read { .. } => PacketClass::Response,
+    };
     let ip = tx::ip_context(src.ip(), qp.peer_ip, src.port(), qp.attr.ah_attr.udp_dport).ok()?;
     let msn = qp.rc.msn;
     let bth = |opcode: Opcode, psn: Psn| BthRepr {
@@ -687,7 +696,7 @@ pub(crate) fn next_packet(
                 *sent += 1;
             }
             qp.rc.stats.sent_pkts += 1;
-            Some(len)
+            Some((len, class))
         }
         Err(_) => {
             // The MR went away under a READ: answer with a remote access NAK instead.

@@ -10,6 +10,20 @@ use crate::wire::{BTH_LEN, Bth, ICRC_LEN, IpContext, PacketRepr, WireError, fill
 /// header set and the ICRC.
 pub(crate) const MAX_PACKET_LEN: usize = 4096 + 64;
 
+/// What kind of packet the engine emitted, as the transport layer sees it (IBTA 9.2, 9.7):
+/// drivers use it to schedule packets without parsing them (e.g. to hold back bare ACKs).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PacketClass {
+    /// A request from the requester: SEND, RDMA WRITE, RDMA READ request or atomic.
+    Request,
+    /// A response that carries data from the responder: an RDMA READ response or an ATOMIC
+    /// ACKNOWLEDGE.
+    Response,
+    /// A bare ACKNOWLEDGE from the responder: an ACK, a NAK or an RNR NAK (rxe's
+    /// `IB_OPCODE_RC_ACKNOWLEDGE`).
+    Ack,
+}
+
 /// Why a packet could not be built.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum TxError {

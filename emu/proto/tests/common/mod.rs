@@ -23,8 +23,8 @@ use emu_proto::wire::{
     Syndrome, check_icrc, fill_icrc,
 };
 use emu_proto::{
-    AtomicOp, CqId, Hca, HcaConfig, Instant, MAX_PACKET_LEN, Memory, MemoryFault, MrInfo, PdId,
-    Stats,
+    AtomicOp, CqId, Hca, HcaConfig, Instant, MAX_PACKET_LEN, Memory, MemoryFault, MrInfo,
+    PacketClass, PdId, Stats,
 };
 use verbs_api::{
     AccessFlags, AhAttr, AsyncEvent, Gid, Mtu, QpAttr, QpCap, QpInitAttr, QpState, RecvWr, SendWr,
@@ -513,6 +513,16 @@ impl Seen {
     }
 }
 
+/// The class a packet with opcode `op` belongs to: a bare ACKNOWLEDGE (ACK, NAK, RNR NAK) is
+/// an ACK, READ responses and ATOMIC ACKNOWLEDGE are responses, the rest are requests.
+pub(crate) fn class_of(op: Opcode) -> PacketClass {
+    match op {
+        Opcode::Acknowledge => PacketClass::Ack,
+        op if op.is_response() => PacketClass::Response,
+        _ => PacketClass::Request,
+    }
+}
+
 /// A BTH for a crafted request from a to b (or b to a).
 pub(crate) fn bth(opcode: Opcode, dest_qp: u32, psn: u32, ack_req: bool) -> BthRepr {
     BthRepr {
@@ -544,6 +554,8 @@ pub(crate) struct Pair {
     pub(crate) trace: Vec<(Seen, Action)>,
     /// The raw datagrams of `trace` (same indices), for replay.
     pub(crate) raw: Vec<Pkt>,
+    /// The class the engine gave each datagram of `trace` (same indices).
+    pub(crate) classes: Vec<PacketClass>,
     queue: VecDeque<Pkt>,
     held: Vec<Pkt>,
     filter: Option<Filter>,
@@ -571,6 +583,7 @@ impl Pair {
             opts,
             trace: Vec::new(),
             raw: Vec::new(),
+            classes: Vec::new(),
             queue: VecDeque::new(),
             held: Vec::new(),
             filter: None,
@@ -644,6 +657,9 @@ impl Pair {
                 };
                 assert_eq!(tx.dst, SocketAddr::new(want_dst.into(), PORT));
                 let seen = pkt.seen();
+                // The engine labels every packet with the class its opcode implies.
+                assert_eq!(tx.class, class_of(seen.op), "class of {:?}", seen.op);
+                self.classes.push(tx.class);
                 let action = match self.filter.as_mut() {
                     Some(f) => f(&mut pkt),
                     None => Action::Deliver,
@@ -833,5 +849,6 @@ impl Pair {
     pub(crate) fn clear_trace(&mut self) {
         self.trace.clear();
         self.raw.clear();
+        self.classes.clear();
     }
 }

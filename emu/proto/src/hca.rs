@@ -839,7 +839,7 @@ impl Hca {
             responder::handle_request(qp, &mut ctx, &pkt) == responder::Disposition::Fatal
         } else {
             qp.rc.stats.rcvd_pkts += 1;
-            completer::handle_response(qp, &mut ctx, &pkt) == completer::Verdict::Fatal
+            completer::handle_response(qp, &mut ctx, &pkt) == completer::Disposition::Fatal
         };
         self.after_step(qpn, fatal, true);
     }
@@ -864,7 +864,7 @@ impl Hca {
                 wcs: &mut self.wcs,
                 events: &mut self.events,
             };
-            let fatal = completer::handle_timeout(qp, &mut ctx) == completer::Verdict::Fatal;
+            let fatal = completer::handle_timeout(qp, &mut ctx) == completer::Disposition::Fatal;
             self.after_step(qpn, fatal, true);
         }
     }
@@ -902,7 +902,7 @@ impl Hca {
             let out = responder::next_packet(qp, &mut ctx, src, buf).or_else(|| {
                 requester::next_packet(qp, &mut ctx, src, buf).map(|l| (l, PacketClass::Request))
             });
-            let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Verdict::Fatal
+            let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Disposition::Fatal
                 || std::mem::take(&mut qp.rc.resp_fatal);
             let dst = SocketAddr::new(qp.peer_ip, qp.attr.ah_attr.udp_dport);
             self.after_step(qpn, fatal, out.is_some());

@@ -15,7 +15,7 @@ use crate::wire::{NakCode, Opcode, PacketRepr, Position, Psn, Syndrome};
 
 /// What the completer asks of the HCA after handling a response.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub(crate) enum Disposition {
     /// Nothing more to do.
     Done,
     /// A WQE completed with an error: the QP must move to ERR and flush.
@@ -23,7 +23,7 @@ pub(crate) enum Verdict {
 }
 
 /// Handles one response packet (ACK, NAK, READ response, atomic ACK) for `qp`.
-pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdict {
+pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
     let psn = pkt.bth.psn;
     let rc = &mut qp.rc;
     // Only PSNs we sent and have not seen acknowledged are interesting (§2.10).
@@ -31,14 +31,14 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
         !psn.is_before(rc.comp_psn.wrapping_add(0xFF_FFFF)) && psn.is_before(rc.req_psn);
     if !in_window {
         rc.stats.count_drop(RxDropCause::StaleResponse);
-        return Verdict::Done;
+        return Disposition::Done;
     }
     let op = pkt.bth.opcode;
     let verdict = if op == Opcode::Acknowledge {
         match pkt.aeth.map(|a| a.syndrome) {
             Some(Syndrome::Ack { .. }) => {
                 ack_through(qp, ctx, psn);
-                Verdict::Done
+                Disposition::Done
             }
             Some(Syndrome::RnrNak { timer }) => {
                 ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
@@ -48,7 +48,7 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
                 qp.rc.stats.rcvd_seq_err += 1;
                 ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
                 if psn.is_before(qp.rc.comp_psn) {
-                    Verdict::Done
+                    Disposition::Done
                 } else {
                     nak_retry(qp, ctx)
                 }
@@ -63,14 +63,14 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
                     h.tx.started && h.op.is_read_or_atomic() && psn.is_after(h.tx.last_psn())
                 });
                 if head_pending {
-                    Verdict::Done
+                    Disposition::Done
                 } else {
                     fail_head(qp, ctx, nak_status(code))
                 }
             }
             _ => {
                 qp.rc.stats.count_drop(RxDropCause::Malformed);
-                Verdict::Done
+                Disposition::Done
             }
         }
     } else if op.is_read_response() {
@@ -80,9 +80,9 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
     } else {
         // Unreachable: the HCA hands the completer responses only.
         qp.rc.stats.count_drop(RxDropCause::WrongState);
-        Verdict::Done
+        Disposition::Done
     };
-    if verdict == Verdict::Done {
+    if verdict == Disposition::Done {
         return complete_head_errors(qp, ctx);
     }
     verdict
@@ -179,17 +179,17 @@ fn complete_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
 
 /// Completes a head WQE the requester marked with a local error (in order, once every WQE
 /// before it completed).
-pub(crate) fn complete_head_errors(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
+pub(crate) fn complete_head_errors(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     match qp.sq.front().and_then(|w| w.tx.error) {
         Some(status) => fail_head(qp, ctx, status),
-        None => Verdict::Done,
+        None => Disposition::Done,
     }
 }
 
 /// Fails the head WQE with `status`; the QP must enter ERR.
-fn fail_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) -> Verdict {
+fn fail_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) -> Disposition {
     complete_head(qp, ctx, status);
-    Verdict::Fatal
+    Disposition::Fatal
 }
 
 /// The send-side completion opcode of a WQE.
@@ -232,10 +232,10 @@ pub(crate) fn rewind(qp: &mut Qp) {
 }
 
 /// A PSN sequence NAK: retry from the NAKed PSN unless a retry burst is already under way.
-fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
+fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     // While an RNR wait runs, no other retry starts (§3.7 "RNR wait").
     if qp.rc.started_retry || qp.rc.rnr_at.is_some() {
-        return Verdict::Done;
+        return Disposition::Done;
     }
     retry(qp, ctx, false)
 }
@@ -243,7 +243,7 @@ fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
 /// Starts a retry, or fails the head WQE with RETRY_EXC_ERR when `retry_cnt` is used up.
 /// `retry_cnt` 7 means seven retries, as IBTA and hardware (rxe treats it as infinite;
 /// DIVERGENCES.md).
-fn retry(qp: &mut Qp, ctx: &mut Ctx<'_>, by_timeout: bool) -> Verdict {
+fn retry(qp: &mut Qp, ctx: &mut Ctx<'_>, by_timeout: bool) -> Disposition {
     if qp.rc.retry_left == 0 {
         qp.rc.stats.retry_exceeded_err += 1;
         return fail_head(qp, ctx, WcStatus::RetryExcErr);
@@ -258,14 +258,14 @@ fn retry(qp: &mut Qp, ctx: &mut Ctx<'_>, by_timeout: bool) -> Verdict {
     qp.rc.retry_by_timeout = by_timeout;
     qp.rc.retransmit_at = None;
     rewind(qp);
-    Verdict::Done
+    Disposition::Done
 }
 
 /// An RNR NAK for `psn`: wait `delay`, then resend from `psn`; `rnr_retry` 7 is infinite.
-fn rnr_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, delay: std::time::Duration) -> Verdict {
+fn rnr_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, delay: std::time::Duration) -> Disposition {
     qp.rc.stats.rcvd_rnr_err += 1;
     if psn != qp.rc.comp_psn {
-        return Verdict::Done;
+        return Disposition::Done;
     }
     if qp.attr.rnr_retry != 7 {
         if qp.rc.rnr_retry_left == 0 {
@@ -277,15 +277,15 @@ fn rnr_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, delay: std::time::Duration)
     // No retry of any kind until the RNR timer expires (§3.7 "RNR wait").
     qp.rc.retransmit_at = None;
     qp.rc.rnr_at = Some(ctx.now + delay);
-    Verdict::Done
+    Disposition::Done
 }
 
 /// Timer expiry: the RNR wait ends with a resend; the local ACK timeout retries.
-pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
+pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     if !matches!(qp.state(), QpState::Rts | QpState::Sqd) {
         qp.rc.retransmit_at = None;
         qp.rc.rnr_at = None;
-        return Verdict::Done;
+        return Disposition::Done;
     }
     if qp.rc.rnr_at.is_some_and(|t| t <= ctx.now) {
         qp.rc.rnr_at = None;
@@ -298,22 +298,22 @@ pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Verdict {
             return retry(qp, ctx, true);
         }
     }
-    Verdict::Done
+    Disposition::Done
 }
 
 /// A READ response packet (§2.8, §2.10, §3.9).
-fn read_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdict {
+fn read_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
     let psn = pkt.bth.psn;
     // Responses imply ACKs for the SENDs and WRITEs before them.
     ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
     if psn != qp.rc.comp_psn {
         // Older: a duplicate. Newer: earlier responses were lost; the timer recovers (§2.10).
         qp.rc.stats.count_drop(RxDropCause::StaleResponse);
-        return Verdict::Done;
+        return Disposition::Done;
     }
     let mtu = qp.attr.path_mtu.bytes();
     let Some(head) = qp.sq.front() else {
-        return Verdict::Done;
+        return Disposition::Done;
     };
     let t = head.tx;
     if !matches!(head.op, SendOp::RdmaRead { .. }) || !t.started {
@@ -355,7 +355,7 @@ fn read_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdic
     if last {
         complete_head(qp, ctx, WcStatus::Success);
     }
-    Verdict::Done
+    Disposition::Done
 }
 
 /// True if the head WQE's SGEs still name MRs with LOCAL_WRITE (they were checked at start;
@@ -370,15 +370,15 @@ fn local_writable(qp: &Qp, ctx: &Ctx<'_>) -> bool {
 }
 
 /// An ATOMIC ACKNOWLEDGE: the original value lands in the local 8-byte SGE (§4.6).
-fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdict {
+fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
     let psn = pkt.bth.psn;
     ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
     if psn != qp.rc.comp_psn {
         qp.rc.stats.count_drop(RxDropCause::StaleResponse);
-        return Verdict::Done;
+        return Disposition::Done;
     }
     let Some(head) = qp.sq.front() else {
-        return Verdict::Done;
+        return Disposition::Done;
     };
     if !head.op.is_atomic() || !head.tx.started || head.tx.first_psn != psn {
         return fail_head(qp, ctx, WcStatus::BadRespErr);
@@ -395,5 +395,5 @@ fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Verdict {
     }
     progress(qp, ctx, psn.wrapping_add(1));
     complete_head(qp, ctx, WcStatus::Success);
-    Verdict::Done
+    Disposition::Done
 }

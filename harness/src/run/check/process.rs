@@ -1,0 +1,202 @@
+//! The invariants about processes and process faults: `dead-peer-detection`, `liveness` and
+//! `node-self-checks`. They judge error completions against what the orchestrator did to the
+//! nodes (kills, pauses) and how each node ended; they do not look at memory.
+
+use std::collections::BTreeMap;
+
+use super::{Input, Invariant, NodeFacts, RETRY_EXC, RNR_RETRY_EXC, SUCCESS, SendWc, sends};
+use crate::run::layout;
+use crate::run::log::{Entry, LogRead, OpKind};
+
+impl Input<'_> {
+    /// The QPs' retry budget, (retry_cnt + 1) × ACK timeout, in ms.
+    fn budget_ms(&self) -> u64 {
+        self.ev.qp.retry_budget().as_millis() as u64
+    }
+
+    /// The dead-peer detection bound: retry budget + slack, in ms.
+    fn bound_ms(&self) -> u64 {
+        self.budget_ms() + self.ev.slack.as_millis() as u64
+    }
+
+    /// Node `i` was paused long enough (pause + one ACK timeout ≥ the retry budget) for its
+    /// peers to give up on it, or for it to give up on them.
+    fn long_pause(&self, i: u32) -> bool {
+        let timeout_ms = self.ev.qp.ack_timeout().as_millis() as u64;
+        let budget_ms = self.budget_ms();
+        self.fact(i)
+            .pauses
+            .iter()
+            .any(|&(_, d)| d + timeout_ms >= budget_ms)
+    }
+}
+
+/// `dead-peer-detection`: for every killed node, each of its partners' QP to it ends, first,
+/// in IBV_WC_RETRY_EXC_ERR or IBV_WC_RNR_RETRY_EXC_ERR, within the bound (retry budget +
+/// slack, plus the partner's own pause time) of the kill or of the WR's posting, if later.
+/// Excused (notes): a partner killed itself within the bound of the kill, and a partner that
+/// had finished with the dead node (a successful fin WRITE) before the kill; a partner
+/// without a log is skipped. Records each latency in `detections`.
+pub(super) fn dead_peer_detection(
+    input: &Input<'_>,
+    detections: &mut Vec<(u32, u32, u64)>,
+) -> Invariant {
+    let mut inv = Invariant::new("dead-peer-detection");
+    for b in input.nodes() {
+        let Some(kill) = input.fact(b).killed_at else {
+            continue;
+        };
+        for a in layout::peers(input.ev.nodes, input.ev.workload, b) {
+            if a != b {
+                check_detection(&mut inv, input, (a, b, kill), detections);
+            }
+        }
+    }
+    inv
+}
+
+/// Checks how partner `a` detected that `b` was killed at `kill`.
+fn check_detection(
+    inv: &mut Invariant,
+    input: &Input<'_>,
+    (a, b, kill): (u32, u32, u64),
+    detections: &mut Vec<(u32, u32, u64)>,
+) {
+    let bound_ms = input.bound_ms();
+    let fa = input.fact(a);
+    if fa.killed_at.is_some_and(|ka| ka <= kill + bound_ms) {
+        inv.note(format!(
+            "node {a} was killed itself before it could detect node {b}"
+        ));
+        return;
+    }
+    let Some(log) = input.log(a) else {
+        return;
+    };
+    inv.checked += 1;
+    let on_link: Vec<SendWc> = sends(log).filter(|s| s.peer == b).collect();
+    if on_link
+        .iter()
+        .any(|s| s.op == OpKind::Fin && s.status == SUCCESS && s.at <= kill)
+    {
+        inv.note(format!(
+            "node {a} had finished with node {b} before the kill"
+        ));
+        return;
+    }
+    let Some(first) = on_link.iter().find(|s| s.status != SUCCESS) else {
+        inv.fail(format!(
+            "node {a}: no error on its QP to node {b} after node {b} was killed"
+        ));
+        return;
+    };
+    let name = super::status_name(first.status);
+    if first.status != RETRY_EXC && first.status != RNR_RETRY_EXC {
+        inv.fail(format!(
+            "node {a} → dead node {b}: first error is {name}, expected \
+             IBV_WC_RETRY_EXC_ERR or IBV_WC_RNR_RETRY_EXC_ERR"
+        ));
+        return;
+    }
+    let latency = first.at.saturating_sub(kill.max(first.posted));
+    let paused: u64 = fa.pauses.iter().map(|&(_, d)| d).sum();
+    detections.push((a, b, latency));
+    if latency > bound_ms + paused {
+        inv.fail(format!(
+            "node {a} → dead node {b}: {name} after {latency} ms, above the bound of \
+             {bound_ms} ms ((retry_cnt + 1) × ACK timeout + slack)"
+        ));
+    }
+}
+
+/// `liveness`: every node that was not killed finished its workload, drained when asked,
+/// and exited 0, without sending an `error`; and every QP's first error completion (on
+/// either queue) is explained. Excused: errors when the plan expects them (`expect_errors`),
+/// on a node that was killed, on a QP to a node killed no later than 50 ms after the error,
+/// and on a QP one of whose ends was paused for about the retry budget or longer.
+pub(super) fn liveness(input: &Input<'_>) -> Invariant {
+    let mut inv = Invariant::new("liveness");
+    for i in input.nodes() {
+        let f = input.fact(i);
+        if f.killed_at.is_none() {
+            inv.checked += 1;
+            if let Some(why) = unhealthy_end(i, f) {
+                inv.fail(why);
+            }
+        }
+        let Some(log) = input.log(i) else {
+            continue;
+        };
+        for (peer, (status, at)) in first_errors(log) {
+            inv.checked += 1;
+            if !error_explained(input, i, peer, at) {
+                inv.fail(format!(
+                    "node {i} → node {peer}: {} with no process fault to explain it",
+                    super::status_name(status)
+                ));
+            }
+        }
+    }
+    inv
+}
+
+/// Why node `i`, not killed, did not end well, if it did not.
+fn unhealthy_end(i: u32, f: &NodeFacts) -> Option<String> {
+    if let Some(e) = &f.error {
+        Some(format!("node {i} failed: {e}"))
+    } else if !f.finished {
+        Some(format!("node {i} did not finish its workload"))
+    } else if !f.drained {
+        Some(format!("node {i} did not drain when asked to quiesce"))
+    } else if !f.exited_cleanly {
+        Some(format!(
+            "node {i} did not exit cleanly: {}",
+            f.end_note.as_deref().unwrap_or("unknown")
+        ))
+    } else {
+        None
+    }
+}
+
+/// Per peer, the first error completion (send or receive queue): status and poll time.
+fn first_errors(log: &LogRead) -> BTreeMap<u32, (u32, u64)> {
+    let mut first = BTreeMap::new();
+    for e in &log.entries {
+        let (Entry::Send {
+            peer, status, at, ..
+        }
+        | Entry::Recv {
+            peer, status, at, ..
+        }) = *e
+        else {
+            continue;
+        };
+        if status != SUCCESS {
+            first.entry(peer).or_insert((status, at));
+        }
+    }
+    first
+}
+
+/// Whether a process fault (or the plan) explains node `i`'s error at `at` on its QP to
+/// `peer`.
+fn error_explained(input: &Input<'_>, i: u32, peer: u32, at: u64) -> bool {
+    input.ev.expect_errors
+        || input.fact(peer).killed_at.is_some_and(|k| at + 50 >= k)
+        || input.fact(i).killed_at.is_some()
+        || input.long_pause(i)
+        || input.long_pause(peer)
+}
+
+/// `node-self-checks`: no node reported a problem it noticed on its own (a bad record on
+/// receipt, wrong READ data, a pong out of turn). Nothing is excused.
+pub(super) fn node_self_checks(input: &Input<'_>) -> Invariant {
+    let mut inv = Invariant::new("node-self-checks");
+    for i in input.nodes() {
+        inv.checked += 1;
+        for p in &input.fact(i).problems {
+            inv.fail(format!("node {i}: {p}"));
+        }
+    }
+    inv
+}

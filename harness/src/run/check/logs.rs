@@ -249,3 +249,171 @@ fn flush_violation(queue: &str, errored: bool, status: u32) -> Option<String> {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixture::Fixture;
+    use super::*;
+    use crate::run::log::Entry;
+
+    const RETRY_EXC: u32 = super::super::RETRY_EXC;
+    const REM_ACCESS: u32 = 10;
+
+    /// A two-node `mixed` run that did one of everything on each link, and drained.
+    fn busy() -> Fixture {
+        let mut fx = Fixture::new(2, Workload::Mixed);
+        for (i, j) in [(0, 1), (1, 0)] {
+            fx.write(i, j);
+            fx.send(i, j, 7);
+            fx.read(i, j, 0);
+            fx.faa(i, j);
+            fx.fin(i, j);
+        }
+        fx.end_all();
+        fx
+    }
+
+    #[test]
+    fn counts_ops_and_statuses_per_node() {
+        let mut fx = busy();
+        fx.fail(0, 1, OpKind::Write, RETRY_EXC);
+        let counts = log_counts(&fx.input(), 0);
+        // WRITE, SEND, READ, FETCH_ADD succeeded; the fin word is not an op.
+        assert_eq!(counts.ops_ok, 4);
+        assert_eq!(counts.completions["IBV_WC_SUCCESS"], 6);
+        assert_eq!(counts.completions["IBV_WC_RETRY_EXC_ERR"], 1);
+        assert_eq!(counts.lines, 9);
+        assert!(!counts.truncated);
+        fx.data[1].log = None;
+        assert_eq!(log_counts(&fx.input(), 1), LogCounts::default());
+    }
+
+    #[test]
+    fn log_integrity_holds_for_whole_logs_and_a_killed_nodes_cut_line() {
+        let mut fx = busy();
+        fx.log(1).truncated_tail = true;
+        fx.fact(1).killed_at = Some(fx.now);
+        let inv = log_integrity(&fx.input());
+        assert!(inv.passed(), "{inv:?}");
+        assert_eq!(inv.checked, 16);
+        assert_eq!(inv.notes, ["node 1: last log line cut by the kill"]);
+    }
+
+    #[test]
+    fn log_integrity_reports_missing_logs_bad_lines_and_a_live_nodes_cut_line() {
+        let mut fx = Fixture::new(3, Workload::Mixed);
+        fx.log(0).bad_lines = vec![4];
+        fx.log(1).truncated_tail = true;
+        fx.data[2].log = None;
+        let inv = log_integrity(&fx.input());
+        assert_eq!(
+            inv.violations,
+            [
+                "node 0: log line 4 does not parse",
+                "node 1: log ends in a cut line",
+                "node 2: no completion log",
+            ]
+        );
+    }
+
+    #[test]
+    fn completion_order_holds_for_wr_ids_in_order_and_complete() {
+        let fx = busy();
+        let inv = completion_order(&fx.input());
+        assert!(inv.passed(), "{inv:?}");
+        // 5 send and 1 receive completion per node.
+        assert_eq!(inv.checked, 12);
+        assert!(inv.notes.is_empty());
+    }
+
+    #[test]
+    fn completion_order_reports_repeats_gaps_and_missing_completions() {
+        let mut fx = Fixture::new(2, Workload::StreamWrite);
+        fx.write(0, 1);
+        fx.write(0, 1);
+        fx.write(0, 1);
+        fx.end(0);
+        // Node 0: the end line says 3 WRITEs, the log has wr 1, 3, 3 (entry 0 is the start).
+        if let Entry::Send { wr, .. } = &mut fx.log(0).entries[2] {
+            *wr = 3;
+        }
+        // Node 1 logs a receive its end line does not account for.
+        fx.send(1, 0, 1);
+        fx.end(1);
+        if let Some(Entry::End { posted, .. }) = fx.log(1).entries.last_mut() {
+            posted[0].send = 2;
+        }
+        if let Some(Entry::End { posted, .. }) = fx.log(0).entries.last_mut() {
+            posted[0].recv = 0;
+        }
+        let inv = completion_order(&fx.input());
+        assert_eq!(
+            inv.violations,
+            [
+                "node 0 → node 1 send queue: wr 3 completed too early (an earlier WR never \
+                 completed); expected wr 2",
+                "node 0 → node 1 send queue: wr 3 completed again (completed twice or out of \
+                 order); expected wr 4",
+                "node 0 → node 1 receive queue: 0 WRs posted, 1 completions",
+                "node 1 → node 0 send queue: 2 WRs posted, 1 completions logged",
+            ]
+        );
+    }
+
+    #[test]
+    fn completion_order_notes_a_node_that_did_not_drain() {
+        let mut fx = Fixture::new(2, Workload::StreamWrite);
+        fx.write(0, 1);
+        fx.fact(1).killed_at = Some(fx.now);
+        let inv = completion_order(&fx.input());
+        assert!(inv.passed(), "{inv:?}");
+        // Node 1 was killed: no note for it.
+        assert_eq!(
+            inv.notes,
+            ["node 0: no end line (did not drain), completeness not checked"]
+        );
+    }
+
+    #[test]
+    fn flush_after_error_holds_for_an_error_then_flushes() {
+        let mut fx = busy();
+        fx.fail(0, 1, OpKind::Write, RETRY_EXC);
+        fx.fail(0, 1, OpKind::Write, FLUSH);
+        fx.fail(0, 1, OpKind::Fin, FLUSH);
+        fx.push(1, recv(0, 2, FLUSH));
+        let inv = flush_after_error(&fx.input());
+        assert!(inv.passed(), "{inv:?}");
+        assert_eq!(inv.checked, 16);
+    }
+
+    #[test]
+    fn flush_after_error_reports_success_or_another_error_after_an_error() {
+        let mut fx = Fixture::new(2, Workload::Mixed);
+        fx.write(0, 1);
+        fx.fail(0, 1, OpKind::Write, RETRY_EXC);
+        fx.write(0, 1);
+        fx.fail(0, 1, OpKind::Write, REM_ACCESS);
+        fx.push(1, recv(0, 1, REM_ACCESS));
+        let inv = flush_after_error(&fx.input());
+        assert_eq!(
+            inv.violations,
+            [
+                "node 0 → node 1 send queue: wr 3 succeeded after an error",
+                "node 0 → node 1 send queue: wr 4 completed with IBV_WC_REM_ACCESS_ERR after \
+                 the QP's first error (expected IBV_WC_WR_FLUSH_ERR)",
+                "node 1 → node 0 receive queue: wr 1 completed with IBV_WC_REM_ACCESS_ERR",
+            ]
+        );
+    }
+
+    fn recv(peer: u32, wr: u64, status: u32) -> Entry {
+        Entry::Recv {
+            peer,
+            wr,
+            status,
+            at: 0,
+            len: 0,
+            imm: None,
+        }
+    }
+}

@@ -361,3 +361,236 @@ fn check_counter(inv: &mut Invariant, t: u32, counter: u64, tally: &FaaTally) {
         ));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixture::{Fixture, SEED};
+    use super::super::{RETRY_EXC, SUCCESS};
+    use super::*;
+    use crate::run::layout::Workload;
+
+    /// A two-node `mixed` run that did one of everything on each link, and drained.
+    fn busy() -> Fixture {
+        let mut fx = Fixture::new(2, Workload::Mixed);
+        for (i, j) in [(0, 1), (1, 0)] {
+            fx.write(i, j);
+            fx.send(i, j, 7);
+            fx.read(i, j, 100);
+            fx.faa(i, j);
+            fx.fin(i, j);
+        }
+        fx.end_all();
+        fx
+    }
+
+    #[test]
+    fn every_data_invariant_holds_on_a_correct_run() {
+        let fx = busy();
+        let input = fx.input();
+        let mut counters = BTreeMap::new();
+        for (inv, checked) in [
+            (write_data(&input), 4),
+            (send_data(&input), 4),
+            (read_data(&input), 4),
+            (atomic_exactly_once(&input, &mut counters), 2),
+        ] {
+            assert!(inv.passed(), "{inv:?}");
+            assert_eq!(inv.checked, checked, "{}", inv.name);
+        }
+        assert_eq!(counters, BTreeMap::from([(0, 1), (1, 1)]));
+    }
+
+    #[test]
+    fn write_data_reports_a_damaged_record_and_a_missing_fin_word() {
+        let mut fx = Fixture::new(2, Workload::StreamWrite);
+        let record = fx.write(0, 1);
+        let fin = fx.fin(0, 1);
+        fx.flip(1, record + 40);
+        fx.put(1, fin, &[0; 8]);
+        assert_eq!(
+            write_data(&fx.input()).violations,
+            [
+                format!(
+                    "node 0 → node 1 WRITE record 0 (64 bytes at +{record:#x}): 1 of 64 bytes \
+                     differ at the target, first at byte 40"
+                ),
+                "node 0 → node 1 fin word: 1 of 8 bytes differ at the target, first at byte 0"
+                    .to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn write_data_reports_completions_for_strangers_and_missing_files() {
+        // Nodes 0 and 2 of a ring of 5 are not peers.
+        let mut fx = Fixture::new(5, Workload::StreamWrite);
+        fx.write(0, 1);
+        let mut wc = fx.next_wc(0, 2, OpKind::Write);
+        fx.push(0, wc.clone().entry());
+        wc.peer = 9;
+        wc.status = RETRY_EXC;
+        fx.push(0, wc.entry());
+        fx.data[1].mr = None;
+        assert_eq!(
+            write_data(&fx.input()).violations,
+            [
+                "node 0 → node 1 WRITE record 0 (64 bytes at +0x11000): outside the \
+                 target's file",
+                "node 0: completion for node 2, which is not its peer",
+                "node 0: completion for unknown peer 9",
+            ]
+        );
+    }
+
+    #[test]
+    fn send_data_reports_a_damaged_slot_on_both_ends() {
+        let mut fx = Fixture::new(2, Workload::Mixed);
+        let slot = fx.send(0, 1, 0x11);
+        fx.send(0, 1, 0x22);
+        fx.flip(1, slot + 40);
+        // The second receive completion says another immediate than its record carries.
+        if let Some(Entry::Recv { imm, .. }) = fx.log(1).entries.last_mut() {
+            *imm = Some(0x33);
+        }
+        let inv = send_data(&fx.input());
+        assert_eq!(
+            inv.violations,
+            [
+                "node 0 → node 1 SEND 1 (slot 0, imm 0x11): 1 of 48 bytes differ at the \
+                 target, first at byte 40",
+                "node 1 receive slot 0 from node 0: payload CRC mismatch",
+                "node 1 receive slot 1 from node 0: record immediate 0x22, completion Some(51)",
+            ]
+        );
+    }
+
+    #[test]
+    fn send_data_reports_a_send_logged_without_kind_and_a_slot_with_another_record() {
+        let mut fx = Fixture::new(2, Workload::Mixed);
+        let mut wc = fx.next_wc(0, 1, OpKind::Send);
+        wc.imm = Some(1);
+        fx.push(0, wc.entry());
+        fx.send(1, 0, 5);
+        // Node 0's second slot from node 1 gets the record of the first.
+        let first = fx.link_base(0, 1) + layout::RECV_OFF;
+        let record = layout::record(SEED, RecordKind::Send, 1, 0, 0, 5, 48);
+        fx.put(0, first + layout::RECV_SLOT, &record);
+        fx.push(
+            0,
+            Entry::Recv {
+                peer: 1,
+                wr: 2,
+                status: SUCCESS,
+                at: fx.now,
+                len: 48,
+                imm: Some(5),
+            },
+        );
+        assert_eq!(
+            send_data(&fx.input()).violations,
+            [
+                "node 0 → node 1 SEND wr 1 logged without kind/imm",
+                "node 0 receive slot 1 from node 1: holds record 0",
+            ]
+        );
+    }
+
+    #[test]
+    fn read_data_reports_a_wrong_landing_and_a_damaged_pattern() {
+        let mut fx = Fixture::new(2, Workload::ReadVerify);
+        let landed = fx.read(0, 1, 8);
+        fx.flip(0, landed + 3);
+        fx.flip(1, layout::PATTERN_OFF + 5);
+        assert_eq!(
+            read_data(&fx.input()).violations,
+            [
+                "node 0 → node 1 READ 0 (32 bytes of the pattern at +0x8): 1 of 32 bytes \
+                 differ at the target, first at byte 3",
+                "node 1 READ pattern: 1 of 65536 bytes differ at the target, first at byte 5",
+            ]
+        );
+    }
+
+    #[test]
+    fn atomic_exactly_once_reports_a_value_fetched_twice() {
+        let mut fx = Fixture::new(3, Workload::AtomicCounter);
+        fx.faa(1, 0);
+        fx.faa(2, 0);
+        // Node 2's FETCH_ADD executed twice: it fetched 1 and the counter is 3, but it and the
+        // landing slot say 0 (as if it had executed before node 1's).
+        let slot = fx.faa(2, 0);
+        fx.put(2, slot, &1u64.to_ne_bytes());
+        if let Some(Entry::Send { val, .. }) = fx.log(2).entries.last_mut() {
+            *val = Some(1);
+        }
+        fx.end_all();
+        let mut counters = BTreeMap::new();
+        let inv = atomic_exactly_once(&fx.input(), &mut counters);
+        assert_eq!(
+            inv.violations,
+            [
+                "node 0 counter: value 1 fetched twice (node 2 wr 1, node 2 wr 2): an atomic \
+                 executed more than once or not atomically",
+            ]
+        );
+        assert_eq!(counters[&0], 3);
+    }
+
+    #[test]
+    fn atomic_exactly_once_reports_a_counter_off_the_bounds_and_a_wrong_landing_slot() {
+        let mut fx = Fixture::new(2, Workload::AtomicCounter);
+        let slot = fx.faa(1, 0);
+        fx.faa(0, 0);
+        fx.put(1, slot, &5u64.to_ne_bytes());
+        fx.end_all();
+        // An increment nobody saw: the counter is 3 after two FETCH_ADDs that both succeeded.
+        fx.put(0, layout::COUNTER_OFF, &3u64.to_ne_bytes());
+        let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
+        assert_eq!(
+            inv.violations,
+            [
+                "node 1 → node 0 FETCH_ADD wr 1: logged value 0, landing slot holds 5",
+                "node 0 counter is 3, but exactly 2 FETCH_ADDs were posted and all succeeded",
+            ]
+        );
+        // With one failed FETCH_ADD, 3 is out of bounds too; below the successes always is.
+        fx.fail(1, 0, OpKind::Faa, RETRY_EXC);
+        fx.put(0, layout::COUNTER_OFF, &4u64.to_ne_bytes());
+        let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
+        assert_eq!(
+            inv.violations[1],
+            "node 0 counter is 4, above 2 successful + 1 failed FETCH_ADDs"
+        );
+        fx.put(0, layout::COUNTER_OFF, &1u64.to_ne_bytes());
+        let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
+        assert!(
+            inv.violations[1..]
+                .contains(&"node 0 counter is 1, below the 2 successful FETCH_ADDs".to_owned())
+        );
+    }
+
+    #[test]
+    fn atomic_exactly_once_accepts_failures_within_bounds_and_undrained_issuers() {
+        let mut fx = Fixture::new(3, Workload::AtomicCounter);
+        fx.faa(1, 0);
+        fx.fail(1, 0, OpKind::Faa, RETRY_EXC);
+        fx.end(1);
+        // The failed FETCH_ADD may or may not have executed.
+        fx.put(0, layout::COUNTER_OFF, &2u64.to_ne_bytes());
+        let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
+        assert!(inv.passed(), "{inv:?}");
+        assert_eq!(
+            inv.notes,
+            ["node 0 counter 2: 1 successful, 1 failed FETCH_ADDs"]
+        );
+        // Node 2 did not drain: any count of its FETCH_ADDs may have executed.
+        fx.faa(2, 0);
+        fx.put(0, layout::COUNTER_OFF, &9u64.to_ne_bytes());
+        let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
+        assert!(inv.passed(), "{inv:?}");
+        assert_eq!(
+            inv.notes,
+            ["node 0 counter 9 ≥ 2 successes; no upper bound, issuers [2] did not drain"]
+        );
+    }
+}

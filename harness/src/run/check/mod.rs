@@ -16,16 +16,18 @@
 //! | `liveness` | no error completion that no process fault (or `expect_errors`) explains; every node not killed finished its workload, drained, and exited 0 |
 //! | `node-self-checks` | nothing the nodes noticed on their own (bad records on receipt, wrong READ data, pongs out of turn) |
 //!
-//! Each invariant is one function (in [`logs`], [`memory`] and [`process`]) that takes the
-//! evidence with the files already read ([`Input`]) and returns its [`Invariant`]; [`check`]
-//! reads the files and calls them in the order above. The checker does not gather evidence
-//! (the orchestrator does, and passes it in as [`Evidence`]) and never trusts what a node says
-//! it sent: every expected byte is regenerated from [`layout`] and the run seed.
+//! Each invariant is one function (in the submodules `logs`, `memory` and `process`) that
+//! takes the evidence with the files already read (`Input`) and returns its [`Invariant`];
+//! [`check`] reads the files and calls them in the order above. The checker does not gather
+//! evidence (the orchestrator does, and passes it in as [`Evidence`]) and never trusts what a
+//! node says it sent: every expected byte is regenerated from [`layout`] and the run seed.
 
 mod logs;
 mod memory;
 mod process;
 
+#[cfg(test)]
+mod fixture;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -349,5 +351,102 @@ fn compare(
                 want.len()
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::fixture::Fixture;
+    use super::*;
+
+    /// A two-node `mixed` run that did one of everything on each link, and drained.
+    fn busy() -> Fixture {
+        let mut fx = Fixture::new(2, Workload::Mixed);
+        for (i, j) in [(0, 1), (1, 0)] {
+            fx.write(i, j);
+            fx.send(i, j, 7);
+            fx.read(i, j, 0);
+            fx.faa(i, j);
+            fx.fin(i, j);
+        }
+        fx.end_all();
+        fx
+    }
+
+    #[test]
+    fn a_correct_run_passes_every_invariant_in_order() {
+        let fx = busy();
+        let result = check_read(&fx.input());
+        let names: Vec<&str> = result.invariants.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "log-integrity",
+                "completion-order",
+                "flush-after-error",
+                "write-data",
+                "send-data",
+                "read-data",
+                "atomic-exactly-once",
+                "dead-peer-detection",
+                "liveness",
+                "node-self-checks",
+            ]
+        );
+        assert_eq!(result.violations(), 0, "{:?}", result.invariants);
+        assert_eq!(result.counts.len(), 2);
+        assert_eq!(result.counts[0].ops_ok, 4);
+        assert_eq!(result.counters, BTreeMap::from([(0, 1), (1, 1)]));
+    }
+
+    #[test]
+    fn check_reads_the_evidence_from_the_run_directory() {
+        let dir = std::env::temp_dir().join(format!("softverbs-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut fx = busy();
+        let record = fx.write(0, 1);
+        fx.flip(1, record);
+        // The end line comes after the new WRITE.
+        fx.log(0)
+            .entries
+            .retain(|e| !matches!(e, Entry::End { .. }));
+        fx.end(0);
+        fx.ev.run_dir = dir.clone();
+        fx.save(&dir);
+        let from_files = check(&fx.ev);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let in_memory = check_read(&fx.input());
+        assert_eq!(from_files.invariants, in_memory.invariants);
+        assert_eq!(from_files.counts, in_memory.counts);
+        assert_eq!(from_files.counters, in_memory.counters);
+        // Only the damaged WRITE is reported.
+        assert_eq!(from_files.violations(), 1);
+        assert_eq!(from_files.invariants[3].violation_count, 1);
+        // A node without files: no log, no pattern, no counter.
+        fx.ev.nodes = 3;
+        let missing = check(&fx.ev);
+        assert_eq!(
+            missing.invariants[0].violations,
+            [
+                "node 0: no completion log",
+                "node 1: no completion log",
+                "node 2: no completion log",
+            ]
+        );
+    }
+
+    #[test]
+    fn violations_are_all_counted_but_only_the_first_messages_kept() {
+        let mut inv = Invariant::new("x");
+        for k in 0..MAX_MESSAGES + 5 {
+            inv.fail(format!("violation {k}"));
+            inv.note(format!("note {k}"));
+        }
+        assert_eq!(inv.violation_count, MAX_MESSAGES as u64 + 5);
+        assert_eq!(inv.violations.len(), MAX_MESSAGES);
+        assert_eq!(inv.notes.len(), MAX_MESSAGES);
+        assert_eq!(inv.violations[0], "violation 0");
+        assert!(!inv.passed());
     }
 }

@@ -200,3 +200,164 @@ pub(super) fn node_self_checks(input: &Input<'_>) -> Invariant {
     }
     inv
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixture::{Fixture, T0};
+    use super::super::{FLUSH, RETRY_EXC, RNR_RETRY_EXC};
+    use super::*;
+    use crate::run::layout::Workload;
+
+    const REM_ACCESS: u32 = 10;
+
+    /// Node `i`'s completion to `j` that failed with `status`, posted and polled at the
+    /// given times.
+    fn fail_at(fx: &mut Fixture, (i, j): (u32, u32), status: u32, posted: u64, at: u64) {
+        let mut wc = fx.next_wc(i, j, OpKind::Write);
+        (wc.status, wc.posted, wc.at) = (status, posted, at);
+        fx.push(i, wc.entry());
+    }
+
+    /// A three-node `stream-write` mesh: every node WRITEs once to each other node.
+    fn mesh() -> Fixture {
+        let mut fx = Fixture::new(3, Workload::StreamWrite);
+        for i in 0..3 {
+            for j in (0..3).filter(|&j| j != i) {
+                fx.write(i, j);
+            }
+        }
+        fx
+    }
+
+    #[test]
+    fn dead_peer_detection_holds_for_retry_exhaustion_within_the_bound() {
+        let mut fx = mesh();
+        let kill = T0 + 100;
+        fx.fact(2).killed_at = Some(kill);
+        // Node 0 was posting when node 2 died; node 1 posted its WR later.
+        fail_at(&mut fx, (0, 2), RETRY_EXC, kill - 50, kill + 600);
+        fail_at(&mut fx, (1, 2), RNR_RETRY_EXC, kill + 400, kill + 1400);
+        fail_at(&mut fx, (1, 2), FLUSH, kill + 400, kill + 1400);
+        let mut detections = Vec::new();
+        let inv = dead_peer_detection(&fx.input(), &mut detections);
+        assert!(inv.passed(), "{inv:?}");
+        assert_eq!(inv.checked, 2);
+        assert_eq!(detections, [(0, 2, 600), (1, 2, 1000)]);
+    }
+
+    #[test]
+    fn dead_peer_detection_excuses_partners_done_or_dead_before() {
+        let mut fx = mesh();
+        let kill = T0 + 100;
+        fx.fin(0, 1);
+        fx.fin(0, 2);
+        fx.fact(2).killed_at = Some(kill);
+        fx.fact(1).killed_at = Some(kill + 1000);
+        let mut detections = Vec::new();
+        let inv = dead_peer_detection(&fx.input(), &mut detections);
+        assert!(inv.passed(), "{inv:?}");
+        assert!(detections.is_empty());
+        assert_eq!(
+            inv.notes,
+            [
+                "node 0 had finished with node 1 before the kill",
+                "node 2 was killed itself before it could detect node 1",
+                "node 0 had finished with node 2 before the kill",
+                "node 1 was killed itself before it could detect node 2",
+            ]
+        );
+    }
+
+    #[test]
+    fn dead_peer_detection_reports_no_error_a_wrong_error_and_a_late_one() {
+        let mut fx = Fixture::new(5, Workload::StreamWrite);
+        let kill = T0 + 100;
+        // Node 2's ring neighbours: 1 (no error at all) and 3 (a wrong first error).
+        fx.fact(2).killed_at = Some(kill);
+        fx.write(1, 2);
+        fail_at(&mut fx, (3, 2), REM_ACCESS, kill, kill + 10);
+        // Node 4's neighbours: 3 (too late, even with its 300 ms pause) and 0 (in time).
+        fx.fact(4).killed_at = Some(kill);
+        fx.fact(3).pauses = vec![(kill, 300)];
+        fail_at(&mut fx, (3, 4), RETRY_EXC, kill - 10, kill + 1337);
+        fail_at(&mut fx, (0, 4), RETRY_EXC, kill - 10, kill + 1036);
+        let mut detections = Vec::new();
+        let inv = dead_peer_detection(&fx.input(), &mut detections);
+        assert_eq!(
+            inv.violations,
+            [
+                "node 1: no error on its QP to node 2 after node 2 was killed",
+                "node 3 → dead node 2: first error is IBV_WC_REM_ACCESS_ERR, expected \
+                 IBV_WC_RETRY_EXC_ERR or IBV_WC_RNR_RETRY_EXC_ERR",
+                "node 3 → dead node 4: IBV_WC_RETRY_EXC_ERR after 1337 ms, above the bound of \
+                 1036 ms ((retry_cnt + 1) × ACK timeout + slack)",
+            ]
+        );
+        assert_eq!(inv.checked, 4);
+        assert_eq!(detections, [(0, 4, 1036), (3, 4, 1337)]);
+    }
+
+    #[test]
+    fn liveness_holds_for_errors_a_process_fault_explains() {
+        let mut fx = mesh();
+        // Node 2 was killed 30 ms after node 0's error on it; node 2's own errors are its kill's.
+        fx.fact(2).killed_at = Some(T0 + 130);
+        fail_at(&mut fx, (0, 2), RETRY_EXC, T0, T0 + 100);
+        fail_at(&mut fx, (2, 1), RETRY_EXC, T0, T0 + 100);
+        let inv = liveness(&fx.input());
+        assert!(inv.passed(), "{inv:?}");
+        // Nodes 0 and 1 ended, and two QPs had errors.
+        assert_eq!(inv.checked, 4);
+        // Node 1 paused about the retry budget: its QP to node 0 may fail, on both ends.
+        fx.fact(1).pauses = vec![(T0, 536 - 67)];
+        fail_at(&mut fx, (0, 1), RETRY_EXC, T0, T0 + 100);
+        fail_at(&mut fx, (1, 0), RETRY_EXC, T0, T0 + 100);
+        assert!(liveness(&fx.input()).passed());
+        // A plan that expects errors excuses any.
+        fail_at(&mut fx, (1, 2), REM_ACCESS, T0, T0 + 100);
+        fx.ev.expect_errors = true;
+        assert!(liveness(&fx.input()).passed());
+    }
+
+    #[test]
+    fn liveness_reports_unexplained_errors_and_nodes_that_did_not_end_well() {
+        let mut fx = Fixture::new(5, Workload::StreamWrite);
+        fx.fact(0).error = Some("device gone".to_owned());
+        fx.fact(1).finished = false;
+        fx.fact(2).drained = false;
+        fx.fact(3).exited_cleanly = false;
+        fx.fact(3).end_note = Some("signal 6".to_owned());
+        // Node 4 was killed too late to explain its ring neighbour's error 51 ms before, and
+        // a pause just short of the retry budget explains nothing.
+        fail_at(&mut fx, (0, 4), RETRY_EXC, T0, T0 + 100);
+        fx.fact(4).killed_at = Some(T0 + 151);
+        fx.fact(4).drained = false;
+        fx.fact(4).pauses = vec![(T0, 536 - 68)];
+        let inv = liveness(&fx.input());
+        assert_eq!(
+            inv.violations,
+            [
+                "node 0 failed: device gone",
+                "node 0 → node 4: IBV_WC_RETRY_EXC_ERR with no process fault to explain it",
+                "node 1 did not finish its workload",
+                "node 2 did not drain when asked to quiesce",
+                "node 3 did not exit cleanly: signal 6",
+            ]
+        );
+        // Node 4 was killed: how it ended is not checked.
+        assert_eq!(inv.checked, 5);
+    }
+
+    #[test]
+    fn node_self_checks_report_every_problem_a_node_noticed() {
+        let mut fx = mesh();
+        assert!(node_self_checks(&fx.input()).passed());
+        fx.fact(1).problems = vec!["pong 3 out of turn".to_owned(), "bad record".to_owned()];
+        let inv = node_self_checks(&fx.input());
+        assert_eq!(
+            inv.violations,
+            ["node 1: pong 3 out of turn", "node 1: bad record"]
+        );
+        assert_eq!(inv.checked, 3);
+    }
+}

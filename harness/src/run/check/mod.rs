@@ -28,6 +28,8 @@ mod process;
 
 #[cfg(test)]
 mod fixture;
+#[cfg(test)]
+mod old;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -28,8 +28,6 @@ mod process;
 
 #[cfg(test)]
 mod fixture;
-#[cfg(test)]
-mod old;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

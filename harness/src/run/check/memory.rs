@@ -319,21 +319,7 @@ fn check_landing_slot(inv: &mut Invariant, input: &Input<'_>, op: &LinkOp) -> Op
 /// Checks target `t`'s final `counter` against the values fetched from it and the bounds.
 fn check_counter(inv: &mut Invariant, t: u32, counter: u64, tally: &FaaTally) {
     let oks = tally.ok.get(&t).map_or(&[][..], Vec::as_slice);
-    let mut seen: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
-    for &(issuer, wr, val) in oks {
-        if let Some((other, owr)) = seen.insert(val, (issuer, wr)) {
-            inv.fail(format!(
-                "node {t} counter: value {val} fetched twice (node {other} wr {owr}, node \
-                 {issuer} wr {wr}): an atomic executed more than once or not atomically"
-            ));
-        }
-        if val >= counter {
-            inv.fail(format!(
-                "node {t} counter: node {issuer} wr {wr} fetched {val}, but the final value \
-                 is {counter}"
-            ));
-        }
-    }
+    check_fetched_values(inv, t, counter, oks);
     let ok = oks.len() as u64;
     let failed = tally.failed.get(&t).copied().unwrap_or(0);
     let unbounded = tally.unbounded.get(&t).map_or(&[][..], Vec::as_slice);
@@ -359,6 +345,26 @@ fn check_counter(inv: &mut Invariant, t: u32, counter: u64, tally: &FaaTally) {
         inv.note(format!(
             "node {t} counter {counter}: {ok} successful, {failed} failed FETCH_ADDs"
         ));
+    }
+}
+
+/// Checks that the values fetched from target `t` ((issuer, wr_id, value) in issuer order)
+/// are distinct and below its final `counter`.
+fn check_fetched_values(inv: &mut Invariant, t: u32, counter: u64, oks: &[(u32, u64, u64)]) {
+    let mut seen: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
+    for &(issuer, wr, val) in oks {
+        if let Some((other, owr)) = seen.insert(val, (issuer, wr)) {
+            inv.fail(format!(
+                "node {t} counter: value {val} fetched twice (node {other} wr {owr}, node \
+                 {issuer} wr {wr}): an atomic executed more than once or not atomically"
+            ));
+        }
+        if val >= counter {
+            inv.fail(format!(
+                "node {t} counter: node {issuer} wr {wr} fetched {val}, but the final value \
+                 is {counter}"
+            ));
+        }
     }
 }
 

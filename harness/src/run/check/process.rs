@@ -62,9 +62,11 @@ fn check_detection(
     (a, b, kill): (u32, u32, u64),
     detections: &mut Vec<(u32, u32, u64)>,
 ) {
-    let bound_ms = input.bound_ms();
-    let fa = input.fact(a);
-    if fa.killed_at.is_some_and(|ka| ka <= kill + bound_ms) {
+    if input
+        .fact(a)
+        .killed_at
+        .is_some_and(|ka| ka <= kill + input.bound_ms())
+    {
         inv.note(format!(
             "node {a} was killed itself before it could detect node {b}"
         ));
@@ -90,23 +92,35 @@ fn check_detection(
         ));
         return;
     };
+    detections.extend(judge_detection(inv, input, (a, b, kill), first));
+}
+
+/// Judges `first`, partner `a`'s first error on its QP to `b` (killed at `kill`): its status
+/// and its latency against the bound. The detection, if the status is the right one.
+fn judge_detection(
+    inv: &mut Invariant,
+    input: &Input<'_>,
+    (a, b, kill): (u32, u32, u64),
+    first: &SendWc,
+) -> Option<(u32, u32, u64)> {
     let name = super::status_name(first.status);
     if first.status != RETRY_EXC && first.status != RNR_RETRY_EXC {
         inv.fail(format!(
             "node {a} → dead node {b}: first error is {name}, expected \
              IBV_WC_RETRY_EXC_ERR or IBV_WC_RNR_RETRY_EXC_ERR"
         ));
-        return;
+        return None;
     }
     let latency = first.at.saturating_sub(kill.max(first.posted));
-    let paused: u64 = fa.pauses.iter().map(|&(_, d)| d).sum();
-    detections.push((a, b, latency));
+    let paused: u64 = input.fact(a).pauses.iter().map(|&(_, d)| d).sum();
+    let bound_ms = input.bound_ms();
     if latency > bound_ms + paused {
         inv.fail(format!(
             "node {a} → dead node {b}: {name} after {latency} ms, above the bound of \
              {bound_ms} ms ((retry_cnt + 1) × ACK timeout + slack)"
         ));
     }
+    Some((a, b, latency))
 }
 
 /// `liveness`: every node that was not killed finished its workload, drained when asked,

@@ -97,6 +97,12 @@ impl Injector {
         verdict
     }
 
+    /// Classifies the datagram `bytes` sent from `src` to `dst` with
+    /// [`DatagramMeta::classify`] and decides its fate as [`Injector::on_datagram`] does.
+    pub fn judge(&mut self, now: Instant, src: NodeId, dst: NodeId, bytes: &[u8]) -> Verdict {
+        self.on_datagram(now, &DatagramMeta::classify(src, dst, bytes))
+    }
+
     fn decide(&mut self, now: Instant, meta: &DatagramMeta) -> Verdict {
         let link = meta.link();
         if self.partitions.contains(&link) {

@@ -85,7 +85,7 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 use verbs_api::{Error, ErrorKind, Result};
 
-use crate::capture::Capture;
+use crate::capture::{Capture, wall_clock};
 use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool, passes};
 use crate::socket::{Bound, SocketInfo};
 use emu_sim::internals::NodeMemory as DeviceMemory;
@@ -1107,17 +1107,16 @@ impl Io {
         // Hold the fault configuration only while a receive-side plan is installed.
         let mut cfg = Some(core.faults()).filter(|c| c.active(Direction::Rx));
         // Lock order: the fault configuration, then the capture (never the other way).
-        let capture = self.capture.as_deref();
-        let mut writer = capture.map(Capture::writer);
+        let mut writer = self.capture.as_deref().map(Capture::writer);
         let mut captured = 0;
         for m in &self.rx_meta {
             for (start, len) in m.segments() {
                 let Some(bytes) = self.rx.get(start..start + len) else {
                     continue;
                 };
-                if let (Some(w), Some(c)) = (writer.as_mut(), capture) {
+                if let Some(w) = writer.as_mut() {
                     // A member's datagram was written when it was sent.
-                    if !c.is_member(m.src) && w.write(m.src, self.local, bytes) {
+                    if w.write_received(wall_clock(), m.src, self.local, bytes) {
                         captured += 1;
                     }
                 }
@@ -1211,7 +1210,7 @@ impl Io {
                             break;
                         };
                         if let Some(w) = writer.as_mut() {
-                            if w.write(self.local, p.peer, p.bytes()) {
+                            if w.write(wall_clock(), self.local, p.peer, p.bytes()) {
                                 bump(&stats.captured, 1);
                             }
                         }

@@ -246,7 +246,10 @@ mod tests {
         assert_eq!(m.len, 20);
         // An ACK cut right after its BTH has no syndrome; the BTH fields still count.
         let m = DatagramMeta::classify(NodeId(1), NodeId(0), &ack[..12]);
-        assert_eq!((m.opcode, m.aeth_syndrome, m.len), (Opcode::Acknowledge, None, 12));
+        assert_eq!(
+            (m.opcode, m.aeth_syndrome, m.len),
+            (Opcode::Acknowledge, None, 12)
+        );
     }
 
     #[test]
@@ -255,7 +258,10 @@ mod tests {
         assert_eq!(m.opcode, DatagramMeta::UNPARSABLE);
         assert_eq!((m.dest_qpn, m.psn, m.aeth_syndrome), (0, Psn::new(0), None));
         assert_eq!(m.len, 3);
-        assert_eq!(OpcodeMatch::parse("0xff"), Some(OpcodeMatch::Opcode(m.opcode)));
+        assert_eq!(
+            OpcodeMatch::parse("0xff"),
+            Some(OpcodeMatch::Opcode(m.opcode))
+        );
         assert!(OpcodeClass::Any.contains(&m));
         let empty = DatagramMeta::classify(NodeId(0), NodeId(1), &[]);
         assert_eq!((empty.opcode, empty.len), (DatagramMeta::UNPARSABLE, 0));

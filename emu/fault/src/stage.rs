@@ -308,7 +308,12 @@ mod tests {
             until: Some(at(2_000)),
         };
         stage.carry_out(timed, NOW, Tagged(1, vec![]), &mut bin);
-        stage.carry_out(Verdict::Hold { until: None }, NOW, Tagged(2, vec![]), &mut bin);
+        stage.carry_out(
+            Verdict::Hold { until: None },
+            NOW,
+            Tagged(2, vec![]),
+            &mut bin,
+        );
         assert_eq!(stage.next_due(), Some(at(2_000)));
         assert!(!stage.release_due(at(1_999)));
         assert!(stage.release_due(at(2_000)));

@@ -86,7 +86,7 @@ use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 use verbs_api::{Error, ErrorKind, Result};
 
 use crate::capture::{Capture, wall_clock};
-use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool, passes};
+use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool};
 use crate::socket::{Bound, SocketInfo};
 use emu_sim::internals::NodeMemory as DeviceMemory;
 
@@ -1124,7 +1124,7 @@ impl Io {
                     .as_mut()
                     .and_then(|c| c.judge(Direction::Rx, now, m.src, bytes));
                 match verdict {
-                    Some(v) if !passes(&v) => {
+                    Some(v) if !v.passes() => {
                         let copy = self.pool.copy(m.src, bytes);
                         self.rx_stage
                             .carry_out(v, now, copy, &mut self.rx_owned, &mut self.pool);

@@ -1120,21 +1120,16 @@ impl Io {
                         captured += 1;
                     }
                 }
-                let verdict = cfg
-                    .as_mut()
-                    .and_then(|c| c.judge(Direction::Rx, now, m.src, bytes));
-                match verdict {
-                    Some(v) if !v.passes() => {
-                        let copy = self.pool.copy(m.src, bytes);
-                        self.rx_stage
-                            .carry_out(v, now, copy, &mut self.rx_owned, &mut self.pool);
-                        self.feed.extend(self.rx_owned.drain(..).map(Feed::Owned));
-                    }
-                    _ => self.feed.push(Feed::Slice {
+                let (owned, pool) = (&mut self.rx_owned, &mut self.pool);
+                let cfg = cfg.as_deref_mut();
+                if self.rx_stage.receive(cfg, now, m.src, bytes, owned, pool) {
+                    self.feed.push(Feed::Slice {
                         start,
                         len,
                         src: m.src,
-                    }),
+                    });
+                } else {
+                    self.feed.extend(self.rx_owned.drain(..).map(Feed::Owned));
                 }
             }
         }

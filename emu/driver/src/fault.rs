@@ -211,6 +211,29 @@ impl FaultStage {
         }
     }
 
+    /// Judges the datagram `bytes` received from `peer` at `now` with `cfg`'s receive-side
+    /// plan, if any. True if it passes unchanged: the caller hands `bytes` on as they are,
+    /// uncopied. Otherwise a copy went through the stage and what is due now was appended to
+    /// `out`.
+    pub(crate) fn receive(
+        &mut self,
+        cfg: Option<&mut FaultConfig>,
+        now: Instant,
+        peer: SocketAddr,
+        bytes: &[u8],
+        out: &mut VecDeque<Datagram>,
+        pool: &mut Pool,
+    ) -> bool {
+        match cfg.and_then(|c| c.judge(Direction::Rx, now, peer, bytes)) {
+            Some(verdict) if !verdict.passes() => {
+                let copy = pool.copy(peer, bytes);
+                self.carry_out(verdict, now, copy, out, pool);
+                false
+            }
+            _ => true,
+        }
+    }
+
     /// Carries out `verdict` on `packet`, seen at `now` ([`Stage::carry_out`]), and appends
     /// what is due now to `out`, in time order (copies before the original); a dropped buffer
     /// goes back to `pool`.
@@ -248,6 +271,10 @@ impl FaultStage {
 }
 
 #[cfg(test)]
+#[path = "../../fault/tests/support/stage_sequence.rs"]
+mod stage_sequence;
+
+#[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
@@ -256,6 +283,7 @@ mod tests {
     use emu_fault::{FaultPlan, delay, drop, duplicate, hold};
     use emu_proto::wire::{BthRepr, IpContext, Opcode, PacketRepr, Psn};
 
+    use super::stage_sequence::{self, Backend, DST, EXPECTED, SRC};
     use super::*;
 
     const NOW: Instant = Instant::from_nanos(1_000_000);
@@ -413,5 +441,96 @@ mod tests {
         let p = out.pop_front().unwrap();
         assert_eq!(p.len, bytes().len());
         assert_ne!(p.bytes(), &bytes()[..]);
+    }
+
+    /// One side of a device's fault stage, driven as the engine drives it: the send side of
+    /// node 0 ([`FaultStage::apply`] on what the engine pulled) or the receive side of node 1
+    /// ([`FaultStage::receive`] on what the socket read), and [`FaultStage::due`] with a
+    /// release as the progress thread runs them.
+    struct Side {
+        dir: Direction,
+        cfg: FaultConfig,
+        stage: FaultStage,
+        pool: Pool,
+        out: VecDeque<Datagram>,
+    }
+
+    impl Side {
+        fn new(dir: Direction) -> Side {
+            let (node0, node1): (SocketAddr, SocketAddr) =
+                ("127.0.0.1:4791".parse().unwrap(), dst());
+            let plan = || Some(Injector::new(stage_sequence::plan()).unwrap());
+            let cfg = FaultConfig {
+                injector: if dir == Direction::Tx { plan() } else { None },
+                rx_injector: if dir == Direction::Rx { plan() } else { None },
+                nodes: [(node0, SRC), (node1, DST)].into_iter().collect(),
+                local: if dir == Direction::Tx { SRC } else { DST },
+            };
+            let (stage, pool, out) = (FaultStage::default(), Pool::default(), VecDeque::new());
+            Side {
+                dir,
+                cfg,
+                stage,
+                pool,
+                out,
+            }
+        }
+
+        /// The peer address of the other node.
+        fn peer(&self) -> SocketAddr {
+            let other = if self.dir == Direction::Tx { DST } else { SRC };
+            let found = self.cfg.nodes.iter().find(|(_, n)| **n == other);
+            *found.unwrap().0
+        }
+
+        fn drain(&mut self) -> Vec<Vec<u8>> {
+            self.out.drain(..).map(|d| d.bytes().to_vec()).collect()
+        }
+    }
+
+    impl Backend for Side {
+        fn send(&mut self, now: Instant, bytes: &[u8]) -> Vec<Vec<u8>> {
+            let (peer, dir) = (self.peer(), self.dir);
+            if dir == Direction::Rx {
+                let (cfg, out, pool) = (Some(&mut self.cfg), &mut self.out, &mut self.pool);
+                if self.stage.receive(cfg, now, peer, bytes, out, pool) {
+                    return vec![bytes.to_vec()];
+                }
+            } else {
+                let d = self.pool.copy(peer, bytes);
+                let (cfg, out, pool) = (&mut self.cfg, &mut self.out, &mut self.pool);
+                self.stage.apply(cfg, dir, now, d, out, pool);
+            }
+            self.drain()
+        }
+
+        fn due(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            self.stage.due(now, false, &mut self.out);
+            self.drain()
+        }
+
+        fn release(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            self.cfg.injector.iter_mut().for_each(Injector::release);
+            self.cfg.rx_injector.iter_mut().for_each(Injector::release);
+            self.stage.due(now, true, &mut self.out);
+            self.drain()
+        }
+
+        fn next_due(&self) -> Option<Instant> {
+            self.stage.next_due()
+        }
+
+        fn injector(&self) -> &Injector {
+            let injector = self.cfg.injector.as_ref();
+            injector.or(self.cfg.rx_injector.as_ref()).unwrap()
+        }
+    }
+
+    #[test]
+    fn both_sides_decide_as_every_backend() {
+        for dir in [Direction::Tx, Direction::Rx] {
+            let outcome = stage_sequence::run(&mut Side::new(dir));
+            assert_eq!(outcome, EXPECTED, "{dir:?}");
+        }
     }
 }

@@ -536,7 +536,14 @@ pub(crate) fn pump<N: PumpNode>(wire: &mut Wire, nodes: &mut [N], goal: Goal) ->
 }
 
 #[cfg(test)]
+#[path = "../../fault/tests/support/stage_sequence.rs"]
+mod stage_sequence;
+
+#[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::stage_sequence::{self, Backend, EXPECTED};
     use super::*;
 
     #[test]
@@ -550,5 +557,69 @@ mod tests {
         assert_ne!(h(b"abc"), h(b"abc\0"));
         assert_ne!(h(b""), h(b"\0"));
         assert_ne!(h(b"0123456789"), h(b"0123456789x"));
+    }
+
+    /// The fabric's fault stage as the pump drives it: [`Wire::send`] for a datagram node 0
+    /// transmits to node 1, the calls of `deliver_due` for what is due, and what
+    /// `SimProvider::release` does. No latency, so times compare with the other backends.
+    struct Fabric {
+        wire: Wire,
+        addrs: [SocketAddr; 2],
+    }
+
+    impl Fabric {
+        fn new() -> Fabric {
+            let addrs = ["127.0.0.1:4791", "127.0.0.2:4791"].map(|a| a.parse().unwrap());
+            let wire = Wire::new(WireConfig {
+                latency: Duration::ZERO,
+                real_time: false,
+                addrs: addrs.to_vec(),
+                injector: Injector::new(stage_sequence::plan()).unwrap(),
+                capture: None,
+                record: false,
+            });
+            Fabric { wire, addrs }
+        }
+
+        fn pop(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            std::iter::from_fn(|| self.wire.stage.pop_due(now))
+                .map(|d| d.bytes[..d.len].to_vec())
+                .collect()
+        }
+    }
+
+    impl Backend for Fabric {
+        fn send(&mut self, now: Instant, bytes: &[u8]) -> Vec<Vec<u8>> {
+            let mut buf = self.wire.pool.take();
+            buf[..bytes.len()].copy_from_slice(bytes);
+            let [from, to] = self.addrs;
+            self.wire.send(now, 0, from, to, buf, bytes.len());
+            self.pop(now)
+        }
+
+        fn due(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            self.wire.stage.release_due(now);
+            self.pop(now)
+        }
+
+        fn release(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            self.wire.now = now;
+            self.wire.injector.release();
+            self.wire.release_all_held();
+            self.pop(now)
+        }
+
+        fn next_due(&self) -> Option<Instant> {
+            self.wire.next_delivery()
+        }
+
+        fn injector(&self) -> &Injector {
+            &self.wire.injector
+        }
+    }
+
+    #[test]
+    fn the_fabric_stage_decides_as_every_backend() {
+        assert_eq!(stage_sequence::run(&mut Fabric::new()), EXPECTED);
     }
 }

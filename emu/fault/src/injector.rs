@@ -19,7 +19,7 @@ use crate::verdict::{DropCause, Verdict};
 /// Pure and deterministic: the same plan and the same sequence of calls (datagrams, times and
 /// run-time changes) give the same verdicts, counters and [`Injector::trace_hash`] on every run
 /// and platform. It does no IO, reads no clock and keeps no datagram bytes: `now` is an argument
-/// and held datagrams stay with the caller ([`crate::HoldQueue`]). Callers must pass
+/// and held datagrams stay with the caller ([`crate::Stage`]). Callers must pass
 /// non-decreasing `now` values; earlier ones are treated as no time passing for rate limits.
 #[derive(Clone, Debug)]
 pub struct Injector {

@@ -1,6 +1,6 @@
-//! What the injector decides about one datagram ([`Verdict`]) and how a caller carries it out
-//! ([`Verdict::deliveries`], [`Edit`], [`HoldQueue`]), so the three drivers share one
-//! implementation of duplication, corruption, truncation and holding.
+//! What the injector decides about one datagram ([`Verdict`]) and what it asks of the caller
+//! ([`Verdict::deliveries`], [`Edit`], [`HoldQueue`]); [`crate::Stage`] carries it out for both
+//! backends.
 
 use core::iter::FusedIterator;
 use core::time::Duration;

@@ -1120,9 +1120,9 @@ impl Io {
                         captured += 1;
                     }
                 }
+                let plan = cfg.as_deref_mut();
                 let (owned, pool) = (&mut self.rx_owned, &mut self.pool);
-                let cfg = cfg.as_deref_mut();
-                if self.rx_stage.receive(cfg, now, m.src, bytes, owned, pool) {
+                if self.rx_stage.receive(plan, now, m.src, bytes, owned, pool) {
                     self.feed.push(Feed::Slice {
                         start,
                         len,

@@ -8,13 +8,18 @@
 //! ICRC was computed over (real IPv4 checksum, UDP checksum 0, DF, TTL 64). Wireshark
 //! dissects UDP port 4791 as RoCEv2 by default; other ports need "Decode As".
 //!
+//! [`Capture`] is what the backends write through: one file shared by a set of member devices,
+//! framing each datagram from its socket addresses, keeping the first error instead of failing
+//! a send.
+//!
 //! What it is not: it never reads a clock (the caller passes every timestamp), does not capture
 //! from a live interface and does not read pcap files.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::net::IpAddr;
-use std::path::Path;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use emu_proto::wire::{IpAddrs, IpContext, WireError};
@@ -135,6 +140,130 @@ impl PcapSink<BufWriter<File>> {
     }
 }
 
+/// One pcap file receiving the traffic of a set of member devices (by socket address), as the
+/// backends capture: each datagram is framed from its source and destination addresses
+/// ([`IpContext::between`]), a datagram that cannot be framed (mixed IP versions, too long) is
+/// skipped, and the first I/O error stops the capture and is kept for [`Capture::finish`];
+/// nothing panics. Members let a device that writes what it sends also write what it receives
+/// from outside without writing a member's datagram twice ([`CaptureWriter::write_received`]).
+#[derive(Debug)]
+pub struct Capture {
+    /// The file, named in errors (`None`: the caller made the sink).
+    path: Option<PathBuf>,
+    members: Vec<SocketAddr>,
+    latch: Mutex<Latch>,
+}
+
+/// The sink and the first error; `sink` is `None` once finished or after an error.
+#[derive(Debug)]
+struct Latch {
+    sink: Option<PcapSink<BufWriter<File>>>,
+    error: Option<String>,
+}
+
+impl Capture {
+    /// Creates (or truncates) the file at `path`, writes the pcap header and returns a capture
+    /// for `members`. The error names the file.
+    pub fn create(path: &Path, members: Vec<SocketAddr>) -> Result<Capture, String> {
+        let sink =
+            PcapSink::create(path).map_err(|e| format!("capture {}: {e}", path.display()))?;
+        let mut capture = Capture::new(sink, members);
+        capture.path = Some(path.to_path_buf());
+        Ok(capture)
+    }
+
+    /// A capture for `members` writing into `sink` (errors do not name a file).
+    pub fn new(sink: PcapSink<BufWriter<File>>, members: Vec<SocketAddr>) -> Capture {
+        Capture {
+            path: None,
+            members,
+            latch: Mutex::new(Latch {
+                sink: Some(sink),
+                error: None,
+            }),
+        }
+    }
+
+    /// Whether `addr` is a member device.
+    pub fn is_member(&self, addr: SocketAddr) -> bool {
+        self.members.contains(&addr)
+    }
+
+    /// Locks the file for a batch of writes.
+    pub fn writer(&self) -> CaptureWriter<'_> {
+        CaptureWriter {
+            capture: self,
+            latch: self.latch.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+
+    /// Stops capturing: flushes and closes the file. Idempotent; returns the first error met
+    /// while creating, writing, flushing or closing.
+    pub fn finish(&self) -> Result<(), String> {
+        let mut w = self.writer();
+        if let Some(sink) = w.latch.sink.take() {
+            if let Err(e) = sink.finish() {
+                w.fail(e);
+            }
+        }
+        match &w.latch.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A [`Capture`] locked for writing a batch of datagrams.
+#[derive(Debug)]
+pub struct CaptureWriter<'a> {
+    capture: &'a Capture,
+    latch: MutexGuard<'a, Latch>,
+}
+
+impl CaptureWriter<'_> {
+    /// Appends the datagram `bytes` from `src` to `dst`, stamped `at` (since the Unix epoch);
+    /// true if it was written. See [`Capture`] for what is skipped.
+    pub fn write(&mut self, at: Duration, src: SocketAddr, dst: SocketAddr, bytes: &[u8]) -> bool {
+        let Some(sink) = self.latch.sink.as_mut() else {
+            return false;
+        };
+        let Some(ip) = IpContext::between(src, dst) else {
+            return false;
+        };
+        match sink.write_packet(at, &ip, bytes) {
+            Ok(()) => true,
+            // Only this datagram cannot be framed; the file is fine.
+            Err(CaptureError::Wire(_)) => false,
+            Err(e) => {
+                self.fail(e);
+                false
+            }
+        }
+    }
+
+    /// As [`CaptureWriter::write`] for a datagram a member received, unless `src` is a member
+    /// too: then it was written when it was sent.
+    pub fn write_received(
+        &mut self,
+        at: Duration,
+        src: SocketAddr,
+        dst: SocketAddr,
+        bytes: &[u8],
+    ) -> bool {
+        !self.capture.is_member(src) && self.write(at, src, dst, bytes)
+    }
+
+    /// Keeps the first error and stops writing.
+    fn fail(&mut self, e: CaptureError) {
+        self.latch.sink = None;
+        let error = match &self.capture.path {
+            Some(path) => format!("capture {}: {e}", path.display()),
+            None => e.to_string(),
+        };
+        self.latch.error.get_or_insert(error);
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -225,5 +354,54 @@ mod tests {
             sink.write_packet(Duration::ZERO, &ip, &huge),
             Err(CaptureError::Wire(WireError::TooLong(_)))
         ));
+    }
+
+    #[test]
+    fn capture_skips_members_and_unframeable_datagrams_and_latches_nothing_for_them() {
+        let path = std::env::temp_dir().join(format!("emu-capture-{}.pcap", std::process::id()));
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:4791".parse().unwrap(),
+            "127.0.0.2:4791".parse().unwrap(),
+        );
+        let outsider: SocketAddr = "127.0.0.9:4791".parse().unwrap();
+        let v6: SocketAddr = "[::1]:4791".parse().unwrap();
+        let capture = Capture::create(&path, vec![a, b]).unwrap();
+        let ip = IpContext::between(a, b).unwrap();
+        let bytes = packet(&ip);
+        {
+            let mut w = capture.writer();
+            assert!(w.write(Duration::ZERO, a, b, &bytes));
+            assert!(
+                !w.write_received(Duration::ZERO, a, b, &bytes),
+                "a member's datagram"
+            );
+            assert!(w.write_received(Duration::ZERO, outsider, b, &bytes));
+            assert!(!w.write(Duration::ZERO, a, v6, &bytes), "mixed IP versions");
+            assert!(
+                !w.write(Duration::ZERO, a, b, &vec![0; 0x1_0000]),
+                "too long"
+            );
+        }
+        assert_eq!(capture.finish(), Ok(()));
+        assert_eq!(capture.finish(), Ok(()), "idempotent");
+        assert!(
+            !capture.writer().write(Duration::ZERO, a, b, &bytes),
+            "finished"
+        );
+        let file = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut reader = PcapReader::new(&file[..]).unwrap();
+        let mut count = 0;
+        while let Some(p) = reader.next_packet() {
+            p.unwrap();
+            count += 1;
+        }
+        assert_eq!(count, 2);
+        let missing = Path::new("/nonexistent-dir/x.pcap");
+        assert!(
+            Capture::create(missing, vec![])
+                .unwrap_err()
+                .starts_with("capture /nonexistent-dir/x.pcap: ")
+        );
     }
 }

@@ -84,8 +84,8 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 use verbs_api::{Error, ErrorKind, Result};
 
-use crate::capture::Capture;
-use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool, passes};
+use crate::capture::{Capture, wall_clock};
+use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool};
 use crate::socket::{Bound, SocketInfo};
 use emu_sim::internals::NodeMemory as DeviceMemory;
 
@@ -1108,35 +1108,29 @@ impl Io {
         // Hold the fault configuration only while a receive-side plan is installed.
         let mut cfg = Some(core.faults()).filter(|c| c.active(Direction::Rx));
         // Lock order: the fault configuration, then the capture (never the other way).
-        let capture = self.capture.as_deref();
-        let mut writer = capture.map(Capture::writer);
+        let mut writer = self.capture.as_deref().map(Capture::writer);
         let mut captured = 0;
         for m in &self.rx_meta {
             for (start, len) in m.segments() {
                 let Some(bytes) = self.rx.get(start..start + len) else {
                     continue;
                 };
-                if let (Some(w), Some(c)) = (writer.as_mut(), capture) {
+                if let Some(w) = writer.as_mut() {
                     // A member's datagram was written when it was sent.
-                    if !c.is_member(m.src) && w.write(m.src, self.local, bytes) {
+                    if w.write_received(wall_clock(), m.src, self.local, bytes) {
                         captured += 1;
                     }
                 }
-                let verdict = cfg
-                    .as_mut()
-                    .and_then(|c| c.judge(Direction::Rx, now, m.src, bytes));
-                match verdict {
-                    Some(v) if !passes(&v) => {
-                        let copy = self.pool.copy(m.src, bytes);
-                        self.rx_stage
-                            .carry_out(v, now, copy, &mut self.rx_owned, &mut self.pool);
-                        self.feed.extend(self.rx_owned.drain(..).map(Feed::Owned));
-                    }
-                    _ => self.feed.push(Feed::Slice {
+                let plan = cfg.as_deref_mut();
+                let (owned, pool) = (&mut self.rx_owned, &mut self.pool);
+                if self.rx_stage.receive(plan, now, m.src, bytes, owned, pool) {
+                    self.feed.push(Feed::Slice {
                         start,
                         len,
                         src: m.src,
-                    }),
+                    });
+                } else {
+                    self.feed.extend(self.rx_owned.drain(..).map(Feed::Owned));
                 }
             }
         }
@@ -1212,7 +1206,7 @@ impl Io {
                             break;
                         };
                         if let Some(w) = writer.as_mut() {
-                            if w.write(self.local, p.peer, p.bytes()) {
+                            if w.write(wall_clock(), self.local, p.peer, p.bytes()) {
                                 bump(&stats.captured, 1);
                             }
                         }

@@ -2,22 +2,23 @@
 //! [`emu_fault::Injector`] and, separately, the datagrams it receives from its socket with
 //! another (each when installed).
 //!
-//! The verdict's effects are carried out here, the same way for both directions: drops,
-//! duplicates, corruption and truncation at once; delays through a small timer heap the
-//! progress thread arms its poll timeout with; holds through [`HoldQueue`]. A send-side
-//! verdict decides what goes on the wire; a receive-side verdict decides what the engine is
-//! handed, so a device can inject faults on traffic from a peer that injects none itself (a
-//! real RoCEv2 NIC, Linux rxe, an old softverbs).
+//! Datagrams are judged with [`Injector::judge`] (the one classifier, so every datagram
+//! counts, one that does not parse as opcode `Unknown(0xFF)`) and the verdict is carried out by
+//! [`emu_fault::Stage`], the stage the in-process fabric runs too, the same way for both
+//! directions: what is due at once goes on, delayed and held datagrams wait in the stage, whose
+//! next deadline the progress thread arms its poll timeout with. A send-side verdict decides
+//! what goes on the wire; a receive-side verdict decides what the engine is handed, so a device
+//! can inject faults on traffic from a peer that injects none itself (a real RoCEv2 NIC, Linux
+//! rxe, an old softverbs).
 //!
 //! Both directions use the same node numbers: a sent datagram is the link `local → node of
 //! the destination`, a received one `node of the source → local`.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::time::Duration;
 
-use emu_fault::{DatagramMeta, HoldQueue, Injector, NodeId, Verdict};
-use emu_proto::wire::{Packet as WirePacket, PacketRepr};
+use emu_fault::{Buffers, Injector, NodeId, Payload, Stage, Verdict};
 use emu_proto::{Instant, MAX_PACKET_LEN};
 
 /// The node number of an address no mapping names.
@@ -45,6 +46,20 @@ impl Datagram {
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         let len = self.len.min(self.buf.len());
         &mut self.buf[..len]
+    }
+}
+
+impl Payload for Datagram {
+    fn bytes(&self) -> &[u8] {
+        Datagram::bytes(self)
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        Datagram::bytes_mut(self)
+    }
+
+    fn set_len(&mut self, len: usize) {
+        self.len = len;
     }
 }
 
@@ -81,6 +96,16 @@ impl Pool {
             buf,
             len: bytes.len(),
         }
+    }
+}
+
+impl Buffers<Datagram> for Pool {
+    fn copy(&mut self, original: &Datagram) -> Datagram {
+        Pool::copy(self, original.peer, original.bytes())
+    }
+
+    fn recycle(&mut self, datagram: Datagram) {
+        self.give(datagram.buf);
     }
 }
 
@@ -128,9 +153,8 @@ impl FaultConfig {
     }
 
     /// The verdict on a datagram crossing in direction `dir` to or from `peer` at `now`;
-    /// `None` when no injector is installed for `dir` or the bytes do not parse as a RoCEv2
-    /// packet (such a datagram passes unchanged: the engine never builds one, and the
-    /// receiving engine drops and counts it).
+    /// `None` when no injector is installed for `dir`. Every datagram is judged, one that does
+    /// not parse too ([`emu_fault::DatagramMeta::classify`]).
     pub(crate) fn judge(
         &mut self,
         dir: Direction,
@@ -150,61 +174,23 @@ impl FaultConfig {
             Direction::Tx => self.injector.as_mut()?,
             Direction::Rx => self.rx_injector.as_mut()?,
         };
-        let meta = datagram_meta(src, dst, bytes)?;
-        Some(injector.on_datagram(now, &meta))
+        Some(injector.judge(now, src, dst, bytes))
     }
 }
 
-/// A datagram delayed by a fault rule.
+/// The progress thread's side of one direction: an [`emu_fault::Stage`] without latency (the
+/// socket is the wire), emptied into the caller's queue.
 #[derive(Debug)]
-struct Delayed {
-    at: Instant,
-    seq: u64,
-    packet: Datagram,
-}
-
-impl PartialEq for Delayed {
-    fn eq(&self, other: &Delayed) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Delayed {}
-impl PartialOrd for Delayed {
-    fn partial_cmp(&self, other: &Delayed) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Delayed {
-    fn cmp(&self, other: &Delayed) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
-}
-
-/// The progress thread's side of one direction: delayed and held datagrams.
-#[derive(Debug, Default)]
 pub(crate) struct FaultStage {
-    delayed: BinaryHeap<Reverse<Delayed>>,
-    held: HoldQueue<Datagram>,
-    seq: u64,
+    stage: Stage<Datagram>,
 }
 
-/// What a rule sees of a datagram, from its BTH (and AETH); `None` if it does not parse.
-pub(crate) fn datagram_meta(src: NodeId, dst: NodeId, bytes: &[u8]) -> Option<DatagramMeta> {
-    let pkt = PacketRepr::parse(&WirePacket::new_unchecked(bytes)).ok()?;
-    Some(DatagramMeta {
-        src,
-        dst,
-        dest_qpn: pkt.bth.dest_qp,
-        opcode: pkt.bth.opcode,
-        psn: pkt.bth.psn,
-        aeth_syndrome: pkt.aeth.map(|a| u8::from(a.syndrome)),
-        len: bytes.len(),
-    })
-}
-
-/// True if `verdict` hands the datagram on unchanged, now, exactly once.
-pub(crate) fn passes(verdict: &Verdict) -> bool {
-    matches!(verdict, Verdict::Deliver { delay } if delay.is_zero())
+impl Default for FaultStage {
+    fn default() -> FaultStage {
+        FaultStage {
+            stage: Stage::new(Duration::ZERO),
+        }
+    }
 }
 
 impl FaultStage {
@@ -225,9 +211,32 @@ impl FaultStage {
         }
     }
 
-    /// Carries out `verdict` on `packet`, seen at `now`: deliveries due now are appended to
-    /// `out` (the original last, copies first), later ones wait in the delay heap, a held
-    /// datagram in the hold queue; a dropped buffer goes back to `pool`.
+    /// Judges the datagram `bytes` received from `peer` at `now` with `cfg`'s receive-side
+    /// plan, if any. True if it passes unchanged: the caller hands `bytes` on as they are,
+    /// uncopied. Otherwise a copy went through the stage and what is due now was appended to
+    /// `out`.
+    pub(crate) fn receive(
+        &mut self,
+        cfg: Option<&mut FaultConfig>,
+        now: Instant,
+        peer: SocketAddr,
+        bytes: &[u8],
+        out: &mut VecDeque<Datagram>,
+        pool: &mut Pool,
+    ) -> bool {
+        match cfg.and_then(|c| c.judge(Direction::Rx, now, peer, bytes)) {
+            Some(verdict) if !verdict.passes() => {
+                let copy = pool.copy(peer, bytes);
+                self.carry_out(verdict, now, copy, out, pool);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Carries out `verdict` on `packet`, seen at `now` ([`Stage::carry_out`]), and appends
+    /// what is due now to `out`, in time order (copies before the original); a dropped buffer
+    /// goes back to `pool`.
     pub(crate) fn carry_out(
         &mut self,
         verdict: Verdict,
@@ -236,64 +245,34 @@ impl FaultStage {
         out: &mut VecDeque<Datagram>,
         pool: &mut Pool,
     ) {
-        if let Verdict::Hold { until } = verdict {
-            self.held.push(until, packet);
-            return;
-        }
-        let mut deliveries = verdict.deliveries(now).peekable();
-        if deliveries.peek().is_none() {
-            pool.give(packet.buf);
-            return;
-        }
-        let mut original = Some(packet);
-        while let Some(delivery) = deliveries.next() {
-            // The last delivery takes the original buffer; earlier ones copy it.
-            let mut pkt = if deliveries.peek().is_none() {
-                match original.take() {
-                    Some(p) => p,
-                    None => break,
-                }
-            } else {
-                match original.as_ref() {
-                    Some(template) => pool.copy(template.peer, template.bytes()),
-                    None => break,
-                }
-            };
-            pkt.len = delivery.edit.apply(pkt.bytes_mut());
-            if delivery.at <= now {
-                out.push_back(pkt);
-            } else {
-                self.seq += 1;
-                self.delayed.push(Reverse(Delayed {
-                    at: delivery.at,
-                    seq: self.seq,
-                    packet: pkt,
-                }));
-            }
-        }
+        self.stage.carry_out(verdict, now, packet, pool);
+        self.pop_due(now, out);
     }
 
     /// Moves delayed and held datagrams due at `now` (all held ones if `release`) to `out`.
     pub(crate) fn due(&mut self, now: Instant, release: bool, out: &mut VecDeque<Datagram>) {
-        while self.delayed.peek().is_some_and(|Reverse(d)| d.at <= now) {
-            if let Some(Reverse(d)) = self.delayed.pop() {
-                out.push_back(d.packet);
-            }
-        }
         if release {
-            out.extend(self.held.drain());
+            self.stage.release_held(now);
         }
-        while let Some(p) = self.held.pop_due(now) {
-            out.push_back(p);
+        self.stage.release_due(now);
+        self.pop_due(now, out);
+    }
+
+    fn pop_due(&mut self, now: Instant, out: &mut VecDeque<Datagram>) {
+        while let Some(d) = self.stage.pop_due(now) {
+            out.push_back(d);
         }
     }
 
     /// The next instant a delayed or held datagram becomes due.
     pub(crate) fn next_due(&self) -> Option<Instant> {
-        let delayed = self.delayed.peek().map(|Reverse(d)| d.at);
-        delayed.into_iter().chain(self.held.next_due()).min()
+        self.stage.next_due()
     }
 }
+
+#[cfg(test)]
+#[path = "../../fault/tests/support/stage_sequence.rs"]
+mod stage_sequence;
 
 #[cfg(test)]
 mod tests {
@@ -302,8 +281,9 @@ mod tests {
     use std::time::Duration;
 
     use emu_fault::{FaultPlan, delay, drop, duplicate, hold};
-    use emu_proto::wire::{BthRepr, IpContext, Opcode, Psn};
+    use emu_proto::wire::{BthRepr, IpContext, Opcode, PacketRepr, Psn};
 
+    use super::stage_sequence::{self, Backend, DST, EXPECTED, SRC};
     use super::*;
 
     const NOW: Instant = Instant::from_nanos(1_000_000);
@@ -350,15 +330,16 @@ mod tests {
     }
 
     #[test]
-    fn meta_comes_from_the_bth() {
-        let p = packet();
-        let meta = datagram_meta(NodeId(0), NodeId(1), p.bytes()).unwrap();
-        assert_eq!(meta.dest_qpn, 0x12);
-        assert_eq!(meta.opcode, Opcode::SendOnly);
-        assert_eq!(meta.psn, Psn::new(5));
-        assert_eq!(meta.aeth_syndrome, None);
-        assert_eq!(meta.len, p.len);
-        assert!(datagram_meta(NodeId(0), NodeId(1), &[1, 2, 3]).is_none());
+    fn every_datagram_is_judged_even_one_that_does_not_parse() {
+        let mut cfg = config(FaultPlan::new(1).rule(drop(1.0).opcode(Opcode::Unknown(0xFF))));
+        let (mut stage, mut out, mut pool) =
+            (FaultStage::default(), VecDeque::new(), Pool::default());
+        stage.apply(&mut cfg, Direction::Rx, NOW, packet(), &mut out, &mut pool);
+        let garbage = pool.copy(dst(), &[1, 2, 3]);
+        stage.apply(&mut cfg, Direction::Rx, NOW, garbage, &mut out, &mut pool);
+        assert_eq!(out.len(), 1, "the short datagram is dropped");
+        let rx = cfg.rx_injector.as_ref().unwrap().counters().total();
+        assert_eq!((rx.passed, rx.dropped), (1, 1));
     }
 
     #[test]
@@ -460,5 +441,96 @@ mod tests {
         let p = out.pop_front().unwrap();
         assert_eq!(p.len, bytes().len());
         assert_ne!(p.bytes(), &bytes()[..]);
+    }
+
+    /// One side of a device's fault stage, driven as the engine drives it: the send side of
+    /// node 0 ([`FaultStage::apply`] on what the engine pulled) or the receive side of node 1
+    /// ([`FaultStage::receive`] on what the socket read), and [`FaultStage::due`] with a
+    /// release as the progress thread runs them.
+    struct Side {
+        dir: Direction,
+        cfg: FaultConfig,
+        stage: FaultStage,
+        pool: Pool,
+        out: VecDeque<Datagram>,
+    }
+
+    impl Side {
+        fn new(dir: Direction) -> Side {
+            let (node0, node1): (SocketAddr, SocketAddr) =
+                ("127.0.0.1:4791".parse().unwrap(), dst());
+            let plan = || Some(Injector::new(stage_sequence::plan()).unwrap());
+            let cfg = FaultConfig {
+                injector: if dir == Direction::Tx { plan() } else { None },
+                rx_injector: if dir == Direction::Rx { plan() } else { None },
+                nodes: [(node0, SRC), (node1, DST)].into_iter().collect(),
+                local: if dir == Direction::Tx { SRC } else { DST },
+            };
+            let (stage, pool, out) = (FaultStage::default(), Pool::default(), VecDeque::new());
+            Side {
+                dir,
+                cfg,
+                stage,
+                pool,
+                out,
+            }
+        }
+
+        /// The peer address of the other node.
+        fn peer(&self) -> SocketAddr {
+            let other = if self.dir == Direction::Tx { DST } else { SRC };
+            let found = self.cfg.nodes.iter().find(|(_, n)| **n == other);
+            *found.unwrap().0
+        }
+
+        fn drain(&mut self) -> Vec<Vec<u8>> {
+            self.out.drain(..).map(|d| d.bytes().to_vec()).collect()
+        }
+    }
+
+    impl Backend for Side {
+        fn send(&mut self, now: Instant, bytes: &[u8]) -> Vec<Vec<u8>> {
+            let (peer, dir) = (self.peer(), self.dir);
+            if dir == Direction::Rx {
+                let (cfg, out, pool) = (Some(&mut self.cfg), &mut self.out, &mut self.pool);
+                if self.stage.receive(cfg, now, peer, bytes, out, pool) {
+                    return vec![bytes.to_vec()];
+                }
+            } else {
+                let d = self.pool.copy(peer, bytes);
+                let (cfg, out, pool) = (&mut self.cfg, &mut self.out, &mut self.pool);
+                self.stage.apply(cfg, dir, now, d, out, pool);
+            }
+            self.drain()
+        }
+
+        fn due(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            self.stage.due(now, false, &mut self.out);
+            self.drain()
+        }
+
+        fn release(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            self.cfg.injector.iter_mut().for_each(Injector::release);
+            self.cfg.rx_injector.iter_mut().for_each(Injector::release);
+            self.stage.due(now, true, &mut self.out);
+            self.drain()
+        }
+
+        fn next_due(&self) -> Option<Instant> {
+            self.stage.next_due()
+        }
+
+        fn injector(&self) -> &Injector {
+            let injector = self.cfg.injector.as_ref();
+            injector.or(self.cfg.rx_injector.as_ref()).unwrap()
+        }
+    }
+
+    #[test]
+    fn both_sides_decide_as_every_backend() {
+        for dir in [Direction::Tx, Direction::Rx] {
+            let outcome = stage_sequence::run(&mut Side::new(dir));
+            assert_eq!(outcome, EXPECTED, "{dir:?}");
+        }
     }
 }

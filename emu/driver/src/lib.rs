@@ -56,7 +56,9 @@
 //!
 //! A [`emu_fault::FaultPlan`] (from [`UdpBuilder::faults`] or, at run time,
 //! [`UdpContext::set_faults`]) decides every datagram a device sends: drop, duplicate,
-//! corrupt, truncate, delay, hold, partition, rate-limit, exactly as in the in-process backend.
+//! corrupt, truncate, delay, hold, partition, rate-limit, exactly as in the in-process backend
+//! (the same classifier, [`emu_fault::DatagramMeta::classify`], and the same
+//! [`emu_fault::Stage`]; a datagram that does not parse is judged too).
 //! A second, independent plan ([`UdpBuilder::rx_faults`], [`UdpContext::set_rx_faults`])
 //! decides every datagram the device reads from its socket before the engine sees it, so
 //! faults apply even when the peer is not softverbs (a RoCEv2 NIC, Linux rxe). Device `i` of a

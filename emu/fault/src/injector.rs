@@ -19,7 +19,7 @@ use crate::verdict::{DropCause, Verdict};
 /// Pure and deterministic: the same plan and the same sequence of calls (datagrams, times and
 /// run-time changes) give the same verdicts, counters and [`Injector::trace_hash`] on every run
 /// and platform. It does no IO, reads no clock and keeps no datagram bytes: `now` is an argument
-/// and held datagrams stay with the caller ([`crate::HoldQueue`]). Callers must pass
+/// and held datagrams stay with the caller ([`crate::Stage`]). Callers must pass
 /// non-decreasing `now` values; earlier ones are treated as no time passing for rate limits.
 #[derive(Clone, Debug)]
 pub struct Injector {
@@ -95,6 +95,12 @@ impl Injector {
         self.counters.record(meta.link(), verdict);
         self.trace_datagram(now, meta, verdict);
         verdict
+    }
+
+    /// Classifies the datagram `bytes` sent from `src` to `dst` with
+    /// [`DatagramMeta::classify`] and decides its fate as [`Injector::on_datagram`] does.
+    pub fn judge(&mut self, now: Instant, src: NodeId, dst: NodeId, bytes: &[u8]) -> Verdict {
+        self.on_datagram(now, &DatagramMeta::classify(src, dst, bytes))
     }
 
     fn decide(&mut self, now: Instant, meta: &DatagramMeta) -> Verdict {

@@ -3,13 +3,17 @@
 //! The in-process fabric (`emu-sim`), the UDP driver and the multi-process harness all decide
 //! what happens to a datagram with this crate, so "drop the 3rd ACK" means the same thing
 //! everywhere. It is pure: no IO, no clock, no threads, no unseeded randomness. Time comes in as
-//! `now` on every call, every random draw comes from the plan's seed, and datagram bytes stay
-//! with the caller.
+//! `now` on every call, every random draw comes from the plan's seed, and datagram bytes are
+//! kept in the caller's buffers ([`Payload`], [`Buffers`]).
+//!
+//! Both backends run the same fault stage: [`DatagramMeta::classify`] is the one packet
+//! classifier (a datagram too short for a BTH is judged as opcode `Unknown(0xFF)`, so every
+//! datagram counts), and [`Stage`] is the one place a verdict is carried out.
 //!
 //! # Module map (start at [`FaultPlan`] and [`Injector`])
 //!
-//! * `meta` — what a rule sees: [`DatagramMeta`] (built by the caller from the parsed BTH and
-//!   AETH), [`NodeId`], [`Link`], [`OpcodeClass`], [`OpcodeMatch`].
+//! * `meta` — what a rule sees: [`DatagramMeta`] (from [`DatagramMeta::classify`]),
+//!   [`NodeId`], [`Link`], [`OpcodeClass`], [`OpcodeMatch`].
 //! * `rule` — rules as data: [`Rule`] = [`Action`] + [`Matcher`] + probability, with
 //!   [`Nth`], [`PsnRange`], [`Window`], and the builders [`drop()`], [`drop_nth`],
 //!   [`delay`], [`duplicate`], [`corrupt`], [`truncate`], [`partition`], [`hold`],
@@ -18,8 +22,10 @@
 //!   [`PlanError`].
 //! * `injector` — [`Injector`]: runs a plan, holds run-time link state, [`Counters`] and the
 //!   trace hash.
-//! * `verdict` — [`Verdict`] and how to carry it out: [`Verdict::deliveries`], [`Edit`],
+//! * `verdict` — [`Verdict`] and what it asks for: [`Verdict::deliveries`], [`Edit`],
 //!   [`HoldQueue`].
+//! * `stage` — [`Stage`]: carries verdicts out on the caller's datagrams, with the queue of
+//!   delayed and held ones.
 //! * `rng` (private) — ChaCha8 streams per (link, rule) and the stable FNV-1a hash.
 //!
 //! # How a datagram is decided
@@ -65,17 +71,11 @@
 //! println!("{plan}"); // seed, hash and canonical TOML
 //! let mut injector = Injector::new(plan)?;
 //!
-//! // The caller parses the datagram, asks for a verdict and carries it out.
+//! // The caller classifies the datagram, asks for a verdict and carries it out (a backend
+//! // leaves the last two steps to a `Stage`).
 //! let datagram = vec![0u8; 32];
-//! let meta = DatagramMeta {
-//!     src: a,
-//!     dst: b,
-//!     dest_qpn: 0x11,
-//!     opcode: Opcode::SendOnly,
-//!     psn: Psn::new(7),
-//!     aeth_syndrome: None,
-//!     len: datagram.len(),
-//! };
+//! let meta = DatagramMeta::classify(a, b, &datagram);
+//! assert_eq!((meta.opcode, meta.psn), (Opcode::SendFirst, Psn::new(0)));
 //! let now = Instant::ZERO;
 //! for delivery in injector.on_datagram(now, &meta).deliveries(now) {
 //!     let mut bytes = datagram.clone();
@@ -176,6 +176,7 @@ mod meta;
 mod plan;
 mod rng;
 mod rule;
+mod stage;
 #[cfg(test)]
 mod tests;
 mod verdict;
@@ -187,4 +188,5 @@ pub use rule::{
     Action, Matcher, Nth, PsnRange, Rule, Window, corrupt, delay, drop, drop_nth, duplicate, hold,
     partition, rate_limit, truncate,
 };
+pub use stage::{Buffers, Payload, Stage};
 pub use verdict::{Deliveries, Delivery, DropCause, Edit, HoldQueue, Verdict};

@@ -1,8 +1,9 @@
-//! What a rule sees about one datagram: [`DatagramMeta`], and the opcode selectors rules match on.
+//! What a rule sees about one datagram: [`DatagramMeta`], the one classifier that reads it from
+//! the datagram's bytes ([`DatagramMeta::classify`]), and the opcode selectors rules match on.
 
 use core::fmt;
 
-use emu_proto::wire::{Opcode, Psn};
+use emu_proto::wire::{BTH_LEN, Bth, Opcode, Psn};
 
 /// A node (one HCA endpoint) on the fabric, as the caller numbers them.
 ///
@@ -34,8 +35,10 @@ impl Link {
     }
 }
 
-/// What a rule may know about one datagram. The caller builds it from the parsed BTH (and AETH,
-/// when present); the fault model never parses bytes itself.
+/// What a rule may know about one datagram: its link, BTH fields, AETH syndrome and length.
+///
+/// Every backend builds it with [`DatagramMeta::classify`], so a plan counts and selects the
+/// same datagrams on each of them; the rules themselves never look at bytes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct DatagramMeta {
     /// The sending node.
@@ -56,6 +59,42 @@ pub struct DatagramMeta {
 }
 
 impl DatagramMeta {
+    /// The opcode given to a datagram too short to hold a BTH.
+    pub const UNPARSABLE: Opcode = Opcode::Unknown(0xFF);
+
+    /// What the fault model sees of the datagram `bytes` (a RoCEv2 UDP payload) sent from `src`
+    /// to `dst`: the one packet classifier of softverbs.
+    ///
+    /// It reads the BTH only as far as the rules need, and never rejects a datagram, so every
+    /// datagram is judged and counts toward [`crate::Nth`] on every backend:
+    ///
+    /// * with a BTH (at least 12 bytes): its opcode (an unknown one as [`Opcode::Unknown`]),
+    ///   destination QPN and PSN, whatever the rest of the datagram holds;
+    /// * without one: opcode [`DatagramMeta::UNPARSABLE`] (`Unknown(0xFF)`, selected by the
+    ///   plan-file opcode `"0xff"` and by class `"any"`), QPN 0, PSN 0;
+    /// * `aeth_syndrome`: the byte after the BTH when the opcode carries an AETH and the byte is
+    ///   there, else `None`;
+    /// * `len`: `bytes.len()`.
+    pub fn classify(src: NodeId, dst: NodeId, bytes: &[u8]) -> DatagramMeta {
+        let (opcode, dest_qpn, psn) = match Bth::new_checked(bytes) {
+            Ok(bth) => (bth.opcode(), bth.dest_qp(), bth.psn()),
+            Err(_) => (Self::UNPARSABLE, 0, Psn::new(0)),
+        };
+        let aeth_syndrome = opcode
+            .ext_headers()
+            .filter(|h| h.aeth)
+            .and_then(|_| bytes.get(BTH_LEN).copied());
+        DatagramMeta {
+            src,
+            dst,
+            dest_qpn,
+            opcode,
+            psn,
+            aeth_syndrome,
+            len: bytes.len(),
+        }
+    }
+
     /// The link this datagram travels on.
     pub const fn link(&self) -> Link {
         Link::new(self.src, self.dst)
@@ -189,6 +228,49 @@ mod tests {
             aeth_syndrome,
             len: 64,
         }
+    }
+
+    #[test]
+    fn classify_reads_bth_and_aeth() {
+        let mut ack = [0u8; 20];
+        ack[0] = 0x11; // ACKNOWLEDGE
+        ack[5..8].copy_from_slice(&[0, 0, 0x12]);
+        ack[9..12].copy_from_slice(&[0, 0, 7]);
+        ack[12] = 0x60; // NAK PSN sequence error
+        let m = DatagramMeta::classify(NodeId(1), NodeId(0), &ack);
+        assert_eq!((m.src, m.dst), (NodeId(1), NodeId(0)));
+        assert_eq!(m.opcode, Opcode::Acknowledge);
+        assert_eq!(m.dest_qpn, 0x12);
+        assert_eq!(m.psn, Psn::new(7));
+        assert_eq!(m.aeth_syndrome, Some(0x60));
+        assert_eq!(m.len, 20);
+        // An ACK cut right after its BTH has no syndrome; the BTH fields still count.
+        let m = DatagramMeta::classify(NodeId(1), NodeId(0), &ack[..12]);
+        assert_eq!(
+            (m.opcode, m.aeth_syndrome, m.len),
+            (Opcode::Acknowledge, None, 12)
+        );
+    }
+
+    #[test]
+    fn classify_judges_what_does_not_parse() {
+        let m = DatagramMeta::classify(NodeId(0), NodeId(1), &[4; 3]);
+        assert_eq!(m.opcode, DatagramMeta::UNPARSABLE);
+        assert_eq!((m.dest_qpn, m.psn, m.aeth_syndrome), (0, Psn::new(0), None));
+        assert_eq!(m.len, 3);
+        assert_eq!(
+            OpcodeMatch::parse("0xff"),
+            Some(OpcodeMatch::Opcode(m.opcode))
+        );
+        assert!(OpcodeClass::Any.contains(&m));
+        let empty = DatagramMeta::classify(NodeId(0), NodeId(1), &[]);
+        assert_eq!((empty.opcode, empty.len), (DatagramMeta::UNPARSABLE, 0));
+        // A BTH with an opcode no engine sends keeps its fields.
+        let mut odd = [0u8; 12];
+        odd[0] = 0x64;
+        odd[7] = 9;
+        let m = DatagramMeta::classify(NodeId(0), NodeId(1), &odd);
+        assert_eq!((m.opcode, m.dest_qpn), (Opcode::Unknown(0x64), 9));
     }
 
     #[test]

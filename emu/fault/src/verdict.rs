@@ -1,6 +1,6 @@
-//! What the injector decides about one datagram ([`Verdict`]) and how a caller carries it out
-//! ([`Verdict::deliveries`], [`Edit`], [`HoldQueue`]), so the three drivers share one
-//! implementation of duplication, corruption, truncation and holding.
+//! What the injector decides about one datagram ([`Verdict`]) and what it asks of the caller
+//! ([`Verdict::deliveries`], [`Edit`], [`HoldQueue`]); [`crate::Stage`] carries it out for both
+//! backends.
 
 use core::iter::FusedIterator;
 use core::time::Duration;
@@ -60,6 +60,12 @@ pub enum DropCause {
 }
 
 impl Verdict {
+    /// True if the verdict hands the datagram on unchanged, at once, exactly once: a caller
+    /// may then skip copying it into a [`crate::Stage`].
+    pub fn passes(&self) -> bool {
+        matches!(self, Verdict::Deliver { delay } if delay.is_zero())
+    }
+
     /// The deliveries this verdict asks for, for a datagram seen at `now`: none for
     /// [`Verdict::Drop`] and [`Verdict::Hold`], `1 + copies` for [`Verdict::Duplicate`], one
     /// otherwise. Allocation-free.

@@ -6,9 +6,10 @@
 //! The pump moves four kinds of events, always in time order:
 //!
 //! * transmissions: every HCA's transmit queue is drained at `now`; each datagram goes through
-//!   the [`Injector`] and is scheduled (possibly several times, corrupted, truncated or delayed)
-//!   on an in-flight heap keyed by `(deliver_at, seq)` — the sequence number breaks ties
-//!   deterministically — or kept in a [`HoldQueue`];
+//!   the fault stage ([`emu_fault::Stage`], judged by the [`Injector`], the same stage the UDP
+//!   driver runs) and is scheduled (possibly several times, corrupted, truncated or delayed,
+//!   always after the wire latency) in time order — the scheduling order breaks ties
+//!   deterministically — or held;
 //! * deliveries of in-flight datagrams, and releases of timed holds;
 //! * HCA timers (local ACK timeout, RNR wait).
 //!
@@ -27,17 +28,15 @@
 //! A pump is bounded by a step budget, so a fabric that never settles (e.g. a storm of
 //! duplicates) cannot hang the caller; the next call continues from where it stopped.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::BufWriter;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use emu_capture::PcapSink;
-use emu_fault::{Counters, DatagramMeta, HoldQueue, Injector, NodeId, Verdict};
-use emu_proto::wire::{BTH_LEN, Bth, IpContext, Opcode, Psn};
+use emu_capture::{Capture, PcapSink};
+use emu_fault::{Buffers, Counters, Injector, Link, NodeId, Payload, Stage};
 use emu_proto::{AtomicOp, Hca, Instant, MAX_PACKET_LEN, Memory, MemoryFault};
 
 use crate::region::Region;
@@ -100,31 +99,45 @@ struct Datagram {
     len: usize,
 }
 
-/// A scheduled delivery, ordered by `(at, seq)`.
-#[derive(Debug)]
-struct InFlight {
-    at: Instant,
-    seq: u64,
-    datagram: Datagram,
-}
+impl Payload for Datagram {
+    fn bytes(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or(&self.bytes)
+    }
 
-impl PartialEq for InFlight {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len.min(self.bytes.len());
+        &mut self.bytes[..len]
+    }
+
+    fn set_len(&mut self, len: usize) {
+        self.len = len;
     }
 }
 
-impl Eq for InFlight {}
+/// Spare packet buffers of [`MAX_PACKET_LEN`] bytes.
+#[derive(Debug, Default)]
+struct Pool(Vec<Vec<u8>>);
 
-impl PartialOrd for InFlight {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
+impl Pool {
+    fn take(&mut self) -> Vec<u8> {
+        self.0.pop().unwrap_or_else(|| vec![0; MAX_PACKET_LEN])
+    }
+
+    fn give(&mut self, buf: Vec<u8>) {
+        self.0.push(buf);
     }
 }
 
-impl Ord for InFlight {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
+impl Buffers<Datagram> for Pool {
+    fn copy(&mut self, original: &Datagram) -> Datagram {
+        let mut bytes = self.take();
+        let len = original.len.min(bytes.len());
+        bytes[..len].copy_from_slice(&original.bytes[..len]);
+        Datagram { bytes, ..*original }
+    }
+
+    fn recycle(&mut self, datagram: Datagram) {
+        self.give(datagram.bytes);
     }
 }
 
@@ -191,13 +204,6 @@ enum Clock {
     },
 }
 
-/// The pcap writer and the first error it met.
-#[derive(Debug)]
-struct Capture {
-    sink: Option<PcapSink<BufWriter<File>>>,
-    error: Option<String>,
-}
-
 /// What a pump may do; see the module doc.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Goal {
@@ -218,24 +224,22 @@ pub(crate) struct Pumped {
     pub(crate) exhausted: bool,
 }
 
-/// The wire between nodes: clock, latency, fault injector, in-flight and held datagrams,
-/// observers (trace hash, capture, record) and a pool of packet buffers.
+/// The wire between nodes: clock, fault injector, the fault stage (in-flight and held
+/// datagrams, with the latency), observers (trace hash, capture, record) and a pool of packet
+/// buffers.
 #[derive(Debug)]
 pub(crate) struct Wire {
     pub(crate) now: Instant,
-    latency: Duration,
     clock: Clock,
     /// Every node's address, by device index.
     addrs: Vec<SocketAddr>,
-    inflight: BinaryHeap<Reverse<InFlight>>,
-    seq: u64,
-    held: HoldQueue<Datagram>,
+    stage: Stage<Datagram>,
     pub(crate) injector: Injector,
     trace: TraceHasher,
     delivered: u64,
     capture: Option<Capture>,
     record: Option<Vec<TraceRecord>>,
-    pool: Vec<Vec<u8>>,
+    pool: Pool,
     /// Nodes that may have something to transmit: every node at the start of a pump, then
     /// those that received a datagram or fired a timer. Saves `poll_transmit` calls that would
     /// return nothing.
@@ -269,21 +273,17 @@ impl Wire {
         };
         Wire {
             now: Instant::ZERO,
-            latency: config.latency,
             clock,
             addrs: config.addrs.clone(),
-            inflight: BinaryHeap::new(),
-            seq: 0,
-            held: HoldQueue::new(),
+            stage: Stage::new(config.latency),
             injector: config.injector,
             trace: TraceHasher::new(),
             delivered: 0,
-            capture: config.capture.map(|sink| Capture {
-                sink: Some(sink),
-                error: None,
-            }),
+            capture: config
+                .capture
+                .map(|sink| Capture::new(sink, config.addrs.clone())),
             record: config.record.then(Vec::new),
-            pool: Vec::new(),
+            pool: Pool::default(),
             dirty: vec![true; config.addrs.len()],
             undeliverable: 0,
         }
@@ -319,33 +319,18 @@ impl Wire {
 
     /// Datagrams in flight or held.
     pub(crate) fn pending(&self) -> usize {
-        self.inflight.len() + self.held.len()
+        self.stage.len()
     }
 
     /// Moves every held datagram to the wire, due after the link latency.
     pub(crate) fn release_all_held(&mut self) {
-        let now = self.now;
-        let held: Vec<Datagram> = self.held.drain().collect();
-        for d in held {
-            self.schedule(now + self.latency, d);
-        }
+        self.stage.release_held(self.now);
     }
 
     /// Stops capturing: flushes and closes the pcap file. Returns the first error met while
     /// capturing or closing; `Ok` if no capture was configured.
     pub(crate) fn finish_capture(&mut self) -> Result<(), String> {
-        let Some(capture) = self.capture.as_mut() else {
-            return Ok(());
-        };
-        if let Some(sink) = capture.sink.take() {
-            if let Err(e) = sink.finish() {
-                capture.error.get_or_insert(e.to_string());
-            }
-        }
-        match &capture.error {
-            Some(e) => Err(e.clone()),
-            None => Ok(()),
-        }
+        self.capture.as_ref().map_or(Ok(()), Capture::finish)
     }
 
     /// The datagrams recorded since the last call (empty unless recording was enabled).
@@ -360,23 +345,7 @@ impl Wire {
         }
     }
 
-    fn buffer(&mut self) -> Vec<u8> {
-        match self.pool.pop() {
-            Some(buf) => buf,
-            None => vec![0; MAX_PACKET_LEN],
-        }
-    }
-
-    fn schedule(&mut self, at: Instant, datagram: Datagram) {
-        self.seq += 1;
-        self.inflight.push(Reverse(InFlight {
-            at,
-            seq: self.seq,
-            datagram,
-        }));
-    }
-
-    /// Puts one transmitted datagram (the first `len` bytes of `buf`) through the injector.
+    /// Puts one transmitted datagram (the first `len` bytes of `buf`) through the fault stage.
     fn send(
         &mut self,
         now: Instant,
@@ -388,11 +357,9 @@ impl Wire {
     ) {
         let Some(dst) = self.addrs.iter().position(|a| *a == to) else {
             self.undeliverable += 1;
-            self.pool.push(buf);
+            self.pool.give(buf);
             return;
         };
-        let meta = datagram_meta(src_node, dst, &buf[..len]);
-        let verdict = self.injector.on_datagram(now, &meta);
         let datagram = Datagram {
             src_node,
             dst,
@@ -400,33 +367,9 @@ impl Wire {
             bytes: buf,
             len,
         };
-        if let Verdict::Hold { until } = verdict {
-            self.held.push(until, datagram);
-            return;
-        }
-        let deliveries = verdict.deliveries(now);
-        let n = deliveries.len();
-        let mut original = Some(datagram);
-        for (k, delivery) in deliveries.enumerate() {
-            let Some(template) = original.as_ref() else {
-                break;
-            };
-            let mut copy = if k + 1 == n {
-                match original.take() {
-                    Some(d) => d,
-                    None => break,
-                }
-            } else {
-                let mut bytes = self.buffer();
-                bytes[..len].copy_from_slice(&template.bytes[..len]);
-                Datagram { bytes, ..*template }
-            };
-            copy.len = delivery.edit.apply(&mut copy.bytes[..len]);
-            self.schedule(delivery.at + self.latency, copy);
-        }
-        if let Some(unused) = original {
-            self.pool.push(unused.bytes);
-        }
+        let link = Link::new(node_id(src_node), node_id(dst));
+        self.stage
+            .submit(&mut self.injector, now, link, datagram, &mut self.pool);
     }
 
     /// Feeds `d` to its destination and the observers at `now`.
@@ -446,15 +389,15 @@ impl Wire {
                 bytes: bytes.to_vec(),
             });
         }
-        if let (Some(capture), Some(to)) = (self.capture.as_mut(), self.addrs.get(d.dst)) {
-            capture.write(at, d.src, *to, bytes);
+        if let (Some(capture), Some(to)) = (self.capture.as_ref(), self.addrs.get(d.dst)) {
+            capture.writer().write(at, d.src, *to, bytes);
         }
         if let Some(node) = nodes.get_mut(d.dst) {
             let (hca, mem, _) = node.parts();
             hca.handle_datagram(now, d.src, bytes, mem);
             self.mark(d.dst);
         }
-        self.pool.push(d.bytes);
+        self.pool.give(d.bytes);
     }
 
     /// The pcap timestamp of `now`.
@@ -468,66 +411,17 @@ impl Wire {
 
     /// The earliest delivery or timed hold.
     fn next_delivery(&self) -> Option<Instant> {
-        let packet = self.inflight.peek().map(|Reverse(p)| p.at);
-        match (packet, self.held.next_due()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.stage.next_due()
     }
 
-    /// Delivers everything due at `now`; true if anything was.
+    /// Delivers everything due at `now`; true if anything was (or a hold ended).
     fn deliver_due<N: PumpNode>(&mut self, nodes: &mut [N], now: Instant) -> bool {
-        let mut any = false;
-        if !self.held.is_empty() {
-            while let Some(d) = self.held.pop_due(now) {
-                self.schedule(now + self.latency, d);
-                any = true;
-            }
-        }
-        while self.inflight.peek().is_some_and(|Reverse(p)| p.at <= now) {
-            let Some(Reverse(p)) = self.inflight.pop() else {
-                break;
-            };
-            self.deliver(nodes, now, p.datagram);
+        let mut any = self.stage.release_due(now);
+        while let Some(d) = self.stage.pop_due(now) {
+            self.deliver(nodes, now, d);
             any = true;
         }
         any
-    }
-}
-
-impl Capture {
-    fn write(&mut self, at: Duration, src: SocketAddr, dst: SocketAddr, bytes: &[u8]) {
-        let Some(sink) = self.sink.as_mut() else {
-            return;
-        };
-        let Some(ip) = IpContext::between(src, dst) else {
-            return;
-        };
-        if let Err(e) = sink.write_packet(at, &ip, bytes) {
-            self.error.get_or_insert(e.to_string());
-            self.sink = None;
-        }
-    }
-}
-
-/// What the fault model sees of a datagram: its BTH fields and AETH syndrome.
-fn datagram_meta(src: usize, dst: usize, bytes: &[u8]) -> DatagramMeta {
-    let (opcode, dest_qpn, psn) = match Bth::new_checked(bytes) {
-        Ok(bth) => (bth.opcode(), bth.dest_qp(), bth.psn()),
-        Err(_) => (Opcode::Unknown(0xFF), 0, Psn::new(0)),
-    };
-    let aeth_syndrome = opcode
-        .ext_headers()
-        .filter(|h| h.aeth)
-        .and_then(|_| bytes.get(BTH_LEN).copied());
-    DatagramMeta {
-        src: node_id(src),
-        dst: node_id(dst),
-        dest_qpn,
-        opcode,
-        psn,
-        aeth_syndrome,
-        len: bytes.len(),
     }
 }
 
@@ -549,9 +443,9 @@ fn transmit_all<N: PumpNode>(wire: &mut Wire, nodes: &mut [N], now: Instant) -> 
         }
         let (hca, mem, addr) = node.parts();
         loop {
-            let mut buf = wire.buffer();
+            let mut buf = wire.pool.take();
             let Some(tx) = hca.poll_transmit(now, mem, &mut buf) else {
-                wire.pool.push(buf);
+                wire.pool.give(buf);
                 break;
             };
             sent = true;
@@ -642,7 +536,14 @@ pub(crate) fn pump<N: PumpNode>(wire: &mut Wire, nodes: &mut [N], goal: Goal) ->
 }
 
 #[cfg(test)]
+#[path = "../../fault/tests/support/stage_sequence.rs"]
+mod stage_sequence;
+
+#[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::stage_sequence::{self, Backend, EXPECTED};
     use super::*;
 
     #[test]
@@ -658,22 +559,67 @@ mod tests {
         assert_ne!(h(b"0123456789"), h(b"0123456789x"));
     }
 
+    /// The fabric's fault stage as the pump drives it: [`Wire::send`] for a datagram node 0
+    /// transmits to node 1, the calls of `deliver_due` for what is due, and what
+    /// `SimProvider::release` does. No latency, so times compare with the other backends.
+    struct Fabric {
+        wire: Wire,
+        addrs: [SocketAddr; 2],
+    }
+
+    impl Fabric {
+        fn new() -> Fabric {
+            let addrs = ["127.0.0.1:4791", "127.0.0.2:4791"].map(|a| a.parse().unwrap());
+            let wire = Wire::new(WireConfig {
+                latency: Duration::ZERO,
+                real_time: false,
+                addrs: addrs.to_vec(),
+                injector: Injector::new(stage_sequence::plan()).unwrap(),
+                capture: None,
+                record: false,
+            });
+            Fabric { wire, addrs }
+        }
+
+        fn pop(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            std::iter::from_fn(|| self.wire.stage.pop_due(now))
+                .map(|d| d.bytes[..d.len].to_vec())
+                .collect()
+        }
+    }
+
+    impl Backend for Fabric {
+        fn send(&mut self, now: Instant, bytes: &[u8]) -> Vec<Vec<u8>> {
+            let mut buf = self.wire.pool.take();
+            buf[..bytes.len()].copy_from_slice(bytes);
+            let [from, to] = self.addrs;
+            self.wire.send(now, 0, from, to, buf, bytes.len());
+            self.pop(now)
+        }
+
+        fn due(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            self.wire.stage.release_due(now);
+            self.pop(now)
+        }
+
+        fn release(&mut self, now: Instant) -> Vec<Vec<u8>> {
+            self.wire.now = now;
+            self.wire.injector.release();
+            self.wire.release_all_held();
+            self.pop(now)
+        }
+
+        fn next_due(&self) -> Option<Instant> {
+            self.wire.next_delivery()
+        }
+
+        fn injector(&self) -> &Injector {
+            &self.wire.injector
+        }
+    }
+
     #[test]
-    fn meta_reads_bth_and_aeth() {
-        let mut ack = [0u8; 20];
-        ack[0] = 0x11; // ACKNOWLEDGE
-        ack[5..8].copy_from_slice(&[0, 0, 0x12]);
-        ack[9..12].copy_from_slice(&[0, 0, 7]);
-        ack[12] = 0x60; // NAK PSN sequence error
-        let m = datagram_meta(1, 0, &ack);
-        assert_eq!((m.src, m.dst), (NodeId(1), NodeId(0)));
-        assert_eq!(m.opcode, Opcode::Acknowledge);
-        assert_eq!(m.dest_qpn, 0x12);
-        assert_eq!(m.psn, Psn::new(7));
-        assert_eq!(m.aeth_syndrome, Some(0x60));
-        assert_eq!(m.len, 20);
-        let m = datagram_meta(0, 1, &[4; 3]);
-        assert_eq!(m.opcode, Opcode::Unknown(0xFF));
-        assert_eq!(m.aeth_syndrome, None);
+    fn the_fabric_stage_decides_as_every_backend() {
+        assert_eq!(stage_sequence::run(&mut Fabric::new()), EXPECTED);
     }
 }

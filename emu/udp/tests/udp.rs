@@ -9,9 +9,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::*;
-use emu_driver::{UdpProvider, oob};
 use emu_fault::{FaultPlan, corrupt, delay, duplicate};
 use emu_proto::wire::{BthRepr, IpContext, Opcode, PacketRepr, Psn};
+use emu_udp::{UdpProvider, oob};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use verbs_api::{

@@ -673,7 +673,7 @@ impl Port for SimDevice {
     }
 
     /// Idle once nothing is pending; in real time sleeps until the next event (at most
-    /// [`WAIT_SLICE`]) and gives up after 60 s.
+    /// 1 ms) and gives up after 60 s.
     fn between_polls(&self, start: std::time::Instant) -> Result<Idle> {
         let (next, real) = {
             let mut state = self.lock();

@@ -617,7 +617,8 @@ impl Port for UdpDevice {
     }
 
     /// A command that may give the thread work: it sends what it made ready from the caller's
-    /// thread and rings the progress thread only if it has to act (see [`crate::runtime`]).
+    /// thread and rings the progress thread only if it has to act (see the crate docs, "Threads
+    /// and time").
     fn command<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R) -> Result<R> {
         Ok(self.core().command(f))
     }

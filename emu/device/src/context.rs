@@ -23,17 +23,9 @@ use crate::state::DeviceState;
 ///
 /// It derefs to its device `P`, so the backend's extras (fault control, socket information,
 /// virtual time, …) are called on the context directly.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Context<P: Port> {
     shared: Arc<ContextShared<P>>,
-}
-
-impl<P: Port> Clone for Context<P> {
-    fn clone(&self) -> Self {
-        Context {
-            shared: self.shared.clone(),
-        }
-    }
 }
 
 #[derive(Debug)]

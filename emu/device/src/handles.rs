@@ -38,18 +38,6 @@ macro_rules! drop_destroys {
     };
 }
 
-/// Implements `Clone` for a handle (an `Arc` of its inner state) without bounding `P: Clone`
-/// twice.
-macro_rules! handle_clone {
-    ($handle:ident) => {
-        impl<P: Port> Clone for $handle<P> {
-            fn clone(&self) -> Self {
-                $handle(self.0.clone())
-            }
-        }
-    };
-}
-
 // ---- PD ------------------------------------------------------------------------------------
 
 #[derive(Debug)]
@@ -61,9 +49,8 @@ pub(crate) struct PdInner<P: Port> {
 drop_destroys!(PdInner, |st, this| st.hca.dealloc_pd(this.id));
 
 /// A protection domain of an emulated device.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Pd<P: Port>(pub(crate) Arc<PdInner<P>>);
-handle_clone!(Pd);
 
 impl<P: Port> verbs_api::ProtectionDomain for Pd<P> {
     fn handle(&self) -> u32 {
@@ -98,9 +85,8 @@ drop_destroys!(MrInner, |st, this| {
 /// A memory region of an emulated device; its bytes are owned by the emulator (heap or file
 /// mapping) or by the caller (`reg_mr_raw`). Its `addr()` depends on the device's
 /// [`crate::MrAddresses`].
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Mr<P: Port>(pub(crate) Arc<MrInner<P>>);
-handle_clone!(Mr);
 
 impl<P: Port> Mr<P> {
     /// `InvalidArgument` naming the access `what` if `offset + len` leaves the MR.
@@ -182,9 +168,8 @@ drop_destroys!(ChannelInner, |st, this| {
 /// events are pending, so it can be registered with epoll, mio or tokio; it becomes readable
 /// when the device delivers a notification of an armed CQ (see the backend for who drives
 /// the device).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Channel<P: Port>(pub(crate) Arc<ChannelInner<P>>);
-handle_clone!(Channel);
 
 impl<P: Port> verbs_api::CompletionChannel for Channel<P> {
     fn get_cq_event(&self) -> Result<Option<u32>> {
@@ -244,9 +229,8 @@ drop_destroys!(CqInner, |st, this| {
 });
 
 /// A completion queue of an emulated device: poll it, or arm it and wait on its channel.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Cq<P: Port>(pub(crate) Arc<CqInner<P>>);
-handle_clone!(Cq);
 
 impl<P: Port> Cq<P> {
     /// Polls until one completion arrives and returns it: the usual loop of a unit test.
@@ -355,9 +339,8 @@ pub(crate) struct SrqInner<P: Port> {
 drop_destroys!(SrqInner, |st, this| st.hca.destroy_srq(this.id));
 
 /// A shared receive queue of an emulated device.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Srq<P: Port>(pub(crate) Arc<SrqInner<P>>);
-handle_clone!(Srq);
 
 impl<P: Port> verbs_api::SharedReceiveQueue for Srq<P> {
     fn handle(&self) -> u32 {
@@ -415,9 +398,8 @@ drop_destroys!(QpInner, |st, this| st.hca.destroy_qp(this.qpn));
 
 /// A queue pair of an emulated device. How posted work reaches the wire is the port's
 /// progress model ([`Port::post_send`], [`Port::command`]).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Qp<P: Port>(pub(crate) Arc<QpInner<P>>);
-handle_clone!(Qp);
 
 impl<P: Port> Qp<P> {
     /// This QP's transport counters (packets, retransmissions, NAKs, duplicates, drops).

@@ -25,6 +25,8 @@ mod handles;
 mod memory;
 mod port;
 mod state;
+#[cfg(test)]
+mod tests;
 
 pub use channel::ChannelShared;
 pub use context::Context;

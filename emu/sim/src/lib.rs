@@ -54,9 +54,10 @@
 //!
 //! # Observing
 //!
-//! [`emu_device::Context::qp_stats`] / [`emu_device::Qp::stats`] / [`SimDevice::device_stats`] return the
-//! transport counters ([`Stats`]: retransmits, timeouts, sequence and RNR NAKs, duplicates,
-//! ICRC errors, …); [`SimProvider::fault_counters`] the per-link verdict counts;
+//! [`emu_device::Context::qp_stats`] / [`emu_device::Qp::stats`] /
+//! [`SimDevice::device_stats`] return the transport counters ([`Stats`]: retransmits,
+//! timeouts, sequence and RNR NAKs, duplicates, ICRC errors, …);
+//! [`SimProvider::fault_counters`] the per-link verdict counts;
 //! [`SimBuilder::capture`] writes every delivered datagram to a pcap file that Wireshark
 //! decodes as RoCEv2; [`SimBuilder::record_trace`] keeps them in memory.
 //!

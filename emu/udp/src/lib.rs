@@ -103,6 +103,14 @@
 //! default: it would need either peers that ignore the IPv4 identification or the kernel not
 //! renumbering segments. Segmentation-aware captures on `lo`: a packet tap there sees a GSO
 //! send as one frame (the driver's own capture is per packet).
+//!
+//! # Handles
+//!
+//! The verbs handles are [`emu_device`]'s, named here by type aliases over the port
+//! [`UdpDevice`] ([`UdpContext`] is `emu_device::Context<UdpDevice>`, …). A context derefs to
+//! its device, so the device's methods (fault plans, capture, busy polling, socket
+//! information, counters) are called on the context as well. This crate depends on no other
+//! backend.
 #![deny(unsafe_code)]
 
 mod capture;

@@ -67,14 +67,12 @@ pub const UDP_ADDRS_ENV: &str = "SOFTVERBS_UDP_ADDRS";
 
 /// The process-wide UDP provider, created on first use from [`UDP_ADDRS_ENV`]. Its devices
 /// (and progress threads) live until the process exits. Errors: an unparsable address list or
-/// an address that cannot be bound, as [`emu_driver::UdpBuilder::build`] reports them.
-pub fn udp_provider() -> Result<emu_driver::UdpProvider> {
-    static UDP: OnceLock<std::result::Result<emu_driver::UdpProvider, Error>> = OnceLock::new();
+/// an address that cannot be bound, as [`emu_udp::UdpBuilder::build`] reports them.
+pub fn udp_provider() -> Result<emu_udp::UdpProvider> {
+    static UDP: OnceLock<std::result::Result<emu_udp::UdpProvider, Error>> = OnceLock::new();
     UDP.get_or_init(|| {
         let list = std::env::var(UDP_ADDRS_ENV).unwrap_or_else(|_| "127.0.0.1:0".to_string());
-        emu_driver::UdpProvider::builder()
-            .device_list(&list)?
-            .build()
+        emu_udp::UdpProvider::builder().device_list(&list)?.build()
     })
     .clone()
 }

@@ -1,6 +1,6 @@
 //! The conformance suite against the UDP driver: two devices on 127.0.0.1/127.0.0.2 with
 //! OS-chosen ports, a fresh provider per case.
-use emu_driver::{UdpContext, UdpProvider};
+use emu_udp::{UdpContext, UdpProvider};
 use verbs_conformance::{Env, KnownFailure, conformance_suite};
 
 fn udp_env() -> verbs_api::Result<Env<UdpContext>> {

@@ -28,60 +28,15 @@
 //! A pump is bounded by a step budget, so a fabric that never settles (e.g. a storm of
 //! duplicates) cannot hang the caller; the next call continues from where it stopped.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::BufWriter;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use emu_capture::{Capture, PcapSink};
+use emu_device::DeviceMemory;
 use emu_fault::{Buffers, Counters, Injector, Link, NodeId, Payload, Stage};
-use emu_proto::{AtomicOp, Hca, Instant, MAX_PACKET_LEN, Memory, MemoryFault};
-
-use crate::region::Region;
-
-/// MR memory of one device, as the engine reaches it: MR key index (`lkey >> 8`) → region.
-/// Shared with the UDP driver (through `internals`), which keeps its regions the same way.
-#[derive(Debug, Default)]
-pub struct NodeMemory {
-    pub(crate) regions: HashMap<u32, Arc<Region>>,
-}
-
-impl NodeMemory {
-    /// Routes accesses with MR key `key` to `region`.
-    pub fn insert(&mut self, key: u32, region: Arc<Region>) {
-        self.regions.insert(key >> 8, region);
-    }
-
-    /// Stops routing MR key `key`.
-    pub fn remove(&mut self, key: u32) {
-        self.regions.remove(&(key >> 8));
-    }
-
-    fn region(&self, key: u32, offset: u64) -> Result<(&Region, usize), MemoryFault> {
-        let region = self.regions.get(&(key >> 8)).ok_or(MemoryFault)?;
-        let offset = usize::try_from(offset).map_err(|_| MemoryFault)?;
-        Ok((region, offset))
-    }
-}
-
-impl Memory for NodeMemory {
-    fn read(&self, key: u32, offset: u64, buf: &mut [u8]) -> Result<(), MemoryFault> {
-        let (region, offset) = self.region(key, offset)?;
-        region.read(offset, buf).map_err(|_| MemoryFault)
-    }
-
-    fn write(&self, key: u32, offset: u64, data: &[u8]) -> Result<(), MemoryFault> {
-        let (region, offset) = self.region(key, offset)?;
-        region.write(offset, data).map_err(|_| MemoryFault)
-    }
-
-    fn atomic(&self, key: u32, offset: u64, op: AtomicOp) -> Result<u64, MemoryFault> {
-        let (region, offset) = self.region(key, offset)?;
-        region.atomic(offset, op).map_err(|_| MemoryFault)
-    }
-}
+use emu_proto::{Hca, Instant, MAX_PACKET_LEN};
 
 /// The node number the fault model and the trace use for device index `i`.
 pub(crate) fn node_id(i: usize) -> NodeId {
@@ -427,7 +382,7 @@ impl Wire {
 
 /// One node as the pump sees it.
 pub(crate) trait PumpNode {
-    fn parts(&mut self) -> (&mut Hca, &NodeMemory, SocketAddr);
+    fn parts(&mut self) -> (&mut Hca, &DeviceMemory, SocketAddr);
 }
 
 /// Steps one pump may take before it returns to the caller.

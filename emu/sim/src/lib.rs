@@ -19,7 +19,7 @@
 //!   datagrams in timestamp order, jumping virtual time forward to each delivery, until only
 //!   timers (local ACK timeout, RNR wait) are left. Virtual time jumps to a *timer* deadline
 //!   only when the application waits: a CQ poll that finds the CQ empty, `get_cq_event` or
-//!   `poll_async_event` finding nothing, `wait_cq_event`, [`SimCq::next_completion`],
+//!   `poll_async_event` finding nothing, `wait_cq_event`, [`emu_device::Cq::next_completion`],
 //!   [`SimProvider::advance`] and [`SimProvider::run_until_idle`]. Each empty poll passes one
 //!   deadline, so a 7-retry timeout (≈ 0.5 s of virtual time) takes a few polls and
 //!   microseconds of wall time, and a test can change faults between polls.
@@ -35,7 +35,7 @@
 //! (which reorders), corrupt (one flipped bit: the receiver's ICRC check counts it in
 //! [`Stats::icrc_errors`] and drops it), truncate, partition, hold and rate limit, matched on
 //! direction, QPN, opcode or class, PSN range, n-th packet and time window. Device `i` is
-//! `NodeId(i)`; [`SimContext::node`] names it. At run time: [`SimProvider::set_faults`],
+//! `NodeId(i)`; [`SimDevice::node`] names it. At run time: [`SimProvider::set_faults`],
 //! [`SimProvider::partition`], [`SimProvider::partition_oneway`], [`SimProvider::repair`],
 //! [`SimProvider::heal`], [`SimProvider::release_held`].
 //!
@@ -54,9 +54,10 @@
 //!
 //! # Observing
 //!
-//! [`SimContext::qp_stats`] / [`SimQp::stats`] / [`SimContext::device_stats`] return the
-//! transport counters ([`Stats`]: retransmits, timeouts, sequence and RNR NAKs, duplicates,
-//! ICRC errors, …); [`SimProvider::fault_counters`] the per-link verdict counts;
+//! [`emu_device::Context::qp_stats`] / [`emu_device::Qp::stats`] /
+//! [`SimDevice::device_stats`] return the transport counters ([`Stats`]: retransmits,
+//! timeouts, sequence and RNR NAKs, duplicates, ICRC errors, …);
+//! [`SimProvider::fault_counters`] the per-link verdict counts;
 //! [`SimBuilder::capture`] writes every delivered datagram to a pcap file that Wireshark
 //! decodes as RoCEv2; [`SimBuilder::record_trace`] keeps them in memory.
 //!
@@ -130,14 +131,15 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The only `unsafe` code is in the module that touches MR memory (`region`).
+//! The verbs handles are [`emu_device`]'s, named here by type aliases over the port
+//! [`SimDevice`]; a [`SimContext`] derefs to its [`SimDevice`] ([`SimDevice::node`],
+//! [`SimDevice::provider`], [`SimDevice::device_stats`]). The crate has no `unsafe` code (MR
+//! memory is the `mr-region` crate's).
 #![deny(unsafe_code)]
 
-mod channel;
 mod fabric;
 mod pair;
 mod provider;
-mod region;
 mod seed;
 
 pub use emu_fault as fault;
@@ -150,12 +152,3 @@ pub use provider::{
     SimQp, SimSrq,
 };
 pub use seed::seed_from_env;
-
-/// Building blocks shared with the UDP driver (`emu-driver`): MR memory and completion-channel
-/// plumbing. Not a stable API.
-#[doc(hidden)]
-pub mod internals {
-    pub use crate::channel::ChannelShared;
-    pub use crate::fabric::NodeMemory;
-    pub use crate::region::{OutOfBounds, Region};
-}

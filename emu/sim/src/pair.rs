@@ -99,7 +99,7 @@ pub fn connect_pair(
     b: &SimContext,
     opts: impl Into<PairOptions>,
 ) -> Result<SimPair> {
-    if !a.same_fabric(b) {
+    if !a.device().same_fabric(b.device()) {
         return Err(Error::invalid(
             "connect_pair: the contexts belong to different providers",
         ));

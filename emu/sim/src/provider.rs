@@ -1,82 +1,64 @@
 //! The in-process provider: `verbs_api` implemented over [`emu_proto::Hca`] instances that
-//! share one fabric.
+//! share one fabric; the verbs handles themselves are [`emu_device`]'s, over the port
+//! [`SimDevice`].
 //!
 //! Every verbs call locks the fabric briefly, applies the command to the device's HCA and then
 //! runs the fabric (see `fabric`) and delivers what the HCAs produced (completion-channel
 //! notifications, async events). Calls that find nothing while the application waits (an empty
 //! CQ poll, an empty completion channel or async event queue) also let virtual time reach the
-//! next timer deadline. Handles keep their parents alive (a QP holds its PD, CQs and SRQ); an
-//! explicitly destroyed handle fails every later call with `ErrorKind::Destroyed`.
+//! next timer deadline.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use emu_capture::PcapSink;
+use emu_device::{
+    ChannelShared, Context, DeviceMemory, DeviceState, Idle, MrAddresses, Port, Waiting,
+};
 use emu_fault::{Counters, FaultPlan, Injector, NodeId, PlanError};
-use emu_proto::{
-    ChannelId, CqId, EventRouter, Hca, HcaConfig, Instant, MrInfo, PdId, SrqId, Stats,
-};
-use verbs_api::{
-    AccessFlags, AsyncEvent, CompletionChannel, CompletionQueue, Context, Device, DeviceAttr,
-    Endpoint, Error, ErrorKind, EventElement, Gid, MemoryRegion, PortAttr, PostError,
-    ProtectionDomain, Provider, QpAttr, QpAttrMask, QpInitAttr, QpType, QueuePair, RecvWr, Result,
-    SendWr, SharedReceiveQueue, SrqAttr, WorkCompletion,
-};
+use emu_proto::{Hca, HcaConfig, Instant, Stats};
+use verbs_api::{Device, Error, ErrorKind, Gid, Provider, Result};
 
-use crate::channel::ChannelShared;
 use crate::fabric::{
-    Goal, NodeMemory, PumpNode, Pumped, TraceRecord, Wire, WireConfig, next_event, node_id, pump,
+    Goal, PumpNode, Pumped, TraceRecord, Wire, WireConfig, next_event, node_id, pump,
 };
 use crate::pair::SimPair;
-use crate::region::Region;
 use crate::seed::env_seed;
 
-/// One emulated device on the fabric.
-#[derive(Debug)]
-struct Node {
-    hca: Hca,
-    mem: NodeMemory,
-    addr: SocketAddr,
-    channels: HashMap<ChannelId, Arc<ChannelShared>>,
-    /// Async events per context (rc-transport.md §5.3; `ibv_get_async_event` is per context).
-    events: EventRouter,
-    /// Virtual address of the next emulator-owned MR: deterministic, so that the same calls
-    /// put the same addresses on the wire in every run.
-    next_iova: u64,
-}
+/// An open emulated device of the in-process provider.
+pub type SimContext = Context<SimDevice>;
+/// An emulated protection domain.
+pub type SimPd = emu_device::Pd<SimDevice>;
+/// An emulated memory region. Its `addr()` is synthetic and deterministic for MRs the emulator
+/// allocates and the caller's address for `reg_mr_raw` (crate doc, "Reproducibility").
+pub type SimMr = emu_device::Mr<SimDevice>;
+/// An emulated completion channel; its fd is a socket that is readable while events wait.
+///
+/// The fd only becomes readable when a call into the provider (on any thread) produces the
+/// completion: there is no background thread. `get_cq_event` and `wait_cq_event` run the
+/// fabric themselves.
+pub type SimChannel = emu_device::Channel<SimDevice>;
+/// An emulated completion queue; [`emu_device::Cq::next_completion`] polls until one arrives,
+/// letting virtual time pass.
+pub type SimCq = emu_device::Cq<SimDevice>;
+/// An emulated shared receive queue.
+pub type SimSrq = emu_device::Srq<SimDevice>;
+/// An emulated queue pair.
+pub type SimQp = emu_device::Qp<SimDevice>;
 
-impl PumpNode for Node {
-    fn parts(&mut self) -> (&mut Hca, &NodeMemory, SocketAddr) {
-        (&mut self.hca, &self.mem, self.addr)
-    }
-}
-
-impl Node {
-    /// Hands what the HCA produced to the application side: channel notifications and async
-    /// events.
-    fn deliver(&mut self) {
-        while let Some(n) = self.hca.poll_notification() {
-            if let Some(ch) = self.channels.get(&n.channel) {
-                ch.signal(n.cq.0);
-                self.hca.cq_event_delivered(n.cq);
-            }
-        }
-        while let Some(e) = self.hca.poll_event() {
-            self.events.route(e);
-        }
+impl PumpNode for DeviceState {
+    fn parts(&mut self) -> (&mut Hca, &DeviceMemory, SocketAddr) {
+        let addr = self.addr();
+        (&mut self.hca, &self.mem, addr)
     }
 }
 
 /// The shared state of all devices of one provider.
 #[derive(Debug)]
 struct FabricState {
-    nodes: Vec<Node>,
+    devices: Vec<DeviceState>,
     wire: Wire,
     seed: u64,
     /// The last pump ran out of budget: work is left even if no event is pending.
@@ -86,10 +68,10 @@ struct FabricState {
 impl FabricState {
     /// Runs the fabric toward `goal` and hands notifications and events to the application.
     fn pump(&mut self, goal: Goal) -> Pumped {
-        let FabricState { nodes, wire, .. } = self;
-        let pumped = pump(wire, nodes, goal);
-        for node in nodes.iter_mut() {
-            node.deliver();
+        let FabricState { devices, wire, .. } = self;
+        let pumped = pump(wire, devices, goal);
+        for device in devices.iter_mut() {
+            device.deliver();
         }
         self.unsettled = pumped.exhausted;
         pumped
@@ -100,22 +82,17 @@ impl FabricState {
         if self.unsettled {
             return Some(Duration::ZERO);
         }
-        let FabricState { nodes, wire, .. } = self;
+        let FabricState { devices, wire, .. } = self;
         wire.tick();
-        next_event(wire, nodes).map(|at| at - wire.now)
+        next_event(wire, devices).map(|at| at - wire.now)
     }
 
-    fn node_mut(&mut self, node: usize) -> Result<&mut Node> {
-        self.nodes
-            .get_mut(node)
+    fn device_mut(&mut self, index: usize) -> Result<&mut DeviceState> {
+        self.devices
+            .get_mut(index)
             .ok_or_else(|| Error::new(ErrorKind::NotFound, "device vanished"))
     }
 }
-
-/// Virtual address of a device's first emulator-owned MR.
-const FIRST_IOVA: u64 = 0x1000_0000;
-/// Page size for synthetic MR addresses.
-const PAGE: u64 = 4096;
 
 /// Environment variable that overrides every [`SimBuilder::seed`]: set it to the seed a failing
 /// test printed to replay the run (decimal, or hex with `0x`).
@@ -242,33 +219,26 @@ impl SimBuilder {
             })?),
             None => None,
         };
-        let nodes: Vec<Node> = (0..self.devices)
+        let devices: Vec<DeviceState> = (0..self.devices)
             .map(|i| {
                 let octet = u8::try_from(i + 1).unwrap_or(u8::MAX);
                 let gid = Gid::from_ip(IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet)));
                 let seed = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
                 let config = HcaConfig::new(format!("softverbs{i}"), gid, seed);
-                Node {
-                    addr: SocketAddr::new(gid.to_ip(), config.udp_port),
-                    hca: Hca::new(config),
-                    mem: NodeMemory::default(),
-                    channels: HashMap::new(),
-                    events: EventRouter::default(),
-                    next_iova: FIRST_IOVA,
-                }
+                DeviceState::new(Hca::new(config), MrAddresses::Synthetic)
             })
             .collect();
         let wire = Wire::new(WireConfig {
             latency: self.latency,
             real_time: self.real_time,
-            addrs: nodes.iter().map(|n| n.addr).collect(),
+            addrs: devices.iter().map(DeviceState::addr).collect(),
             injector,
             capture,
             record: self.record,
         });
         Ok(SimProvider {
             fabric: Arc::new(Mutex::new(FabricState {
-                nodes,
+                devices,
                 wire,
                 seed,
                 unsettled: false,
@@ -329,25 +299,15 @@ impl SimProvider {
     ///
     /// Errors: `NotFound` if there is no such device.
     pub fn context(&self, index: usize) -> Result<SimContext> {
-        let (name, id) = {
-            let mut state = self.lock();
-            let count = state.nodes.len();
-            let node = state.nodes.get_mut(index).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::NotFound,
-                    format!("no device {index} (the provider has {count})"),
-                )
-            })?;
-            (node.hca.config().name.clone(), node.events.open())
-        };
-        Ok(SimContext {
-            dev: Arc::new(DeviceShared {
-                fabric: self.fabric.clone(),
-                node: index,
-                name,
-                id,
-            }),
-        })
+        let mut devices = self.devices()?;
+        let count = devices.len();
+        if index >= count {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("no device {index} (the provider has {count})"),
+            ));
+        }
+        devices.swap_remove(index).open()
     }
 
     fn lock(&self) -> MutexGuard<'_, FabricState> {
@@ -539,14 +499,14 @@ impl Provider for SimProvider {
     fn devices(&self) -> Result<Vec<SimDevice>> {
         let state = lock(&self.fabric);
         Ok(state
-            .nodes
+            .devices
             .iter()
             .enumerate()
-            .map(|(node, n)| SimDevice {
+            .map(|(index, d)| SimDevice {
                 fabric: self.fabric.clone(),
-                node,
-                name: n.hca.config().name.clone(),
-                guid: n.hca.config().node_guid,
+                index,
+                name: d.hca.config().name.clone(),
+                guid: d.hca.config().node_guid,
             })
             .collect())
     }
@@ -558,11 +518,12 @@ fn lock(fabric: &Mutex<FabricState>) -> MutexGuard<'_, FabricState> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// One emulated device.
+/// One emulated device on the in-memory fabric: the [`Port`] of the in-process backend. Its
+/// methods are reachable from a [`SimContext`] too.
 #[derive(Clone, Debug)]
 pub struct SimDevice {
     fabric: Arc<Mutex<FabricState>>,
-    node: usize,
+    index: usize,
     name: String,
     guid: u64,
 }
@@ -579,65 +540,21 @@ impl Device for SimDevice {
     }
 
     fn open(&self) -> Result<SimContext> {
-        let id = {
-            let mut state = lock(&self.fabric);
-            state.node_mut(self.node)?.events.open()
-        };
-        Ok(SimContext {
-            dev: Arc::new(DeviceShared {
-                fabric: self.fabric.clone(),
-                node: self.node,
-                name: self.name.clone(),
-                id,
-            }),
-        })
+        Context::open(self.clone())
     }
 }
 
-#[derive(Debug)]
-struct DeviceShared {
-    fabric: Arc<Mutex<FabricState>>,
-    node: usize,
-    name: String,
-    /// This context's number in the node's [`EventRouter`].
-    id: u64,
-}
-
-impl Drop for DeviceShared {
-    fn drop(&mut self) {
-        let mut state = lock(&self.fabric);
-        if let Ok(node) = state.node_mut(self.node) {
-            node.events.close(self.id);
-        }
-    }
-}
-
-/// An open emulated device.
-#[derive(Clone, Debug)]
-pub struct SimContext {
-    dev: Arc<DeviceShared>,
-}
-
-impl SimContext {
+impl SimDevice {
     /// The provider this device belongs to (for fault control, counters and the trace).
     pub fn provider(&self) -> SimProvider {
         SimProvider {
-            fabric: self.dev.fabric.clone(),
+            fabric: self.fabric.clone(),
         }
     }
 
     /// This device's number in fault plans and counters (its index in `devices()`).
     pub fn node(&self) -> NodeId {
-        node_id(self.dev.node)
-    }
-
-    /// Counters of `qp` (retransmits, NAKs, duplicates, …), named after rxe's hw counters.
-    ///
-    /// Errors: `InvalidArgument` if `qp` belongs to another device; `Destroyed` after
-    /// `destroy`.
-    pub fn qp_stats(&self, qp: &SimQp) -> Result<Stats> {
-        self.same_device(&qp.0.ctx, "QP")?;
-        qp.stats()
+        node_id(self.index)
     }
 
     /// Counters of the whole device: packets no QP accepted (bad ICRC, unknown QP, …) plus the
@@ -645,489 +562,88 @@ impl SimContext {
     ///
     /// Errors: `NotFound` if the device vanished (never for a live provider).
     pub fn device_stats(&self) -> Result<Stats> {
-        let mut state = self.lock();
-        Ok(state.node_mut(self.dev.node)?.hca.stats())
+        self.peek(|st| st.hca.stats())
     }
 
-    /// True if both handles belong to the same provider.
-    pub(crate) fn same_fabric(&self, other: &SimContext) -> bool {
-        Arc::ptr_eq(&self.dev.fabric, &other.dev.fabric)
+    /// True if both devices belong to the same provider.
+    pub(crate) fn same_fabric(&self, other: &SimDevice) -> bool {
+        Arc::ptr_eq(&self.fabric, &other.fabric)
     }
 
     fn lock(&self) -> MutexGuard<'_, FabricState> {
-        lock(&self.dev.fabric)
-    }
-
-    /// Runs `f` on this device's node with the fabric locked, then runs the fabric (packets,
-    /// virtual time up to the next timer) and delivers channel notifications and async events
-    /// of every node.
-    fn with_node<R>(&self, f: impl FnOnce(&mut Node, Instant) -> R) -> Result<R> {
-        let mut state = self.lock();
-        state.wire.tick();
-        let now = state.wire.now;
-        let r = f(state.node_mut(self.dev.node)?, now);
-        state.pump(Goal::Settle);
-        Ok(r)
+        lock(&self.fabric)
     }
 
     /// Takes something the application waits for with `take`: first what is there (in real
     /// time after running the fabric), then, in virtual time, after letting the fabric reach
     /// its next timer deadline.
-    fn wait_take<R>(
+    fn wait_take_in<R>(
         &self,
-        mut take: impl FnMut(&mut FabricState) -> Result<Option<R>>,
+        state: &mut FabricState,
+        mut take: impl FnMut(&mut DeviceState) -> Result<Option<R>>,
     ) -> Result<Option<R>> {
-        let mut state = self.lock();
         if state.wire.is_real_time() {
             state.pump(Goal::Settle);
-            return take(&mut state);
+            return take(state.device_mut(self.index)?);
         }
-        if let Some(r) = take(&mut state)? {
+        if let Some(r) = take(state.device_mut(self.index)?)? {
             return Ok(Some(r));
         }
         state.pump(Goal::NextTimer);
-        take(&mut state)
-    }
-
-    /// Like `with_node` for a live handle: fails with `Destroyed` if `alive` was cleared.
-    fn with_live<R>(
-        &self,
-        alive: &AtomicBool,
-        what: &str,
-        f: impl FnOnce(&mut Node, Instant) -> Result<R>,
-    ) -> Result<R> {
-        self.with_node(|node, now| {
-            if !alive.load(Ordering::Acquire) {
-                return Err(Error::destroyed(what));
-            }
-            f(node, now)
-        })?
-    }
-
-    fn same_device(&self, other: &SimContext, what: &str) -> Result<()> {
-        if Arc::ptr_eq(&self.dev, &other.dev) {
-            Ok(())
-        } else {
-            Err(Error::invalid(format!("{what} belongs to another context")))
-        }
-    }
-
-    /// Registers `region`. Caller memory keeps its own address as the MR's virtual address;
-    /// emulator-owned memory (`owned`) gets the device's next synthetic address, page aligned,
-    /// so that addresses (which RETHs and AtomicETHs carry) are the same in every run.
-    fn register(
-        &self,
-        pd: &SimPd,
-        region: Region,
-        access: AccessFlags,
-        owned: bool,
-    ) -> Result<SimMr> {
-        self.same_device(&pd.0.ctx, "PD")?;
-        let region = Arc::new(region);
-        let len = region.len() as u64;
-        let info = self.with_live(&pd.0.alive, "PD", |node, _| {
-            let (iova, next) = if owned {
-                let iova = node.next_iova;
-                // One guard page between regions.
-                let next = len
-                    .checked_next_multiple_of(PAGE)
-                    .and_then(|l| iova.checked_add(l + PAGE))
-                    .ok_or_else(|| Error::no_memory("MR address space exhausted"))?;
-                (iova, next)
-            } else {
-                (region.addr(), node.next_iova)
-            };
-            let info = node.hca.reg_mr(pd.0.id, iova, len, access)?;
-            node.next_iova = next;
-            node.mem.insert(info.lkey, region.clone());
-            Ok(info)
-        })?;
-        Ok(SimMr(Arc::new(MrInner {
-            ctx: self.clone(),
-            info,
-            region,
-            alive: AtomicBool::new(true),
-            _pd: pd.clone(),
-        })))
+        take(state.device_mut(self.index)?)
     }
 }
 
-impl Context for SimContext {
-    type Pd = SimPd;
-    type Mr = SimMr;
-    type Cq = SimCq;
-    type Channel = SimChannel;
-    type Srq = SimSrq;
-    type Qp = SimQp;
-
+impl Port for SimDevice {
     fn device_name(&self) -> String {
-        self.dev.name.clone()
+        self.name.clone()
     }
 
-    fn query_device(&self) -> Result<DeviceAttr> {
-        self.with_node(|node, _| node.hca.device_attr())
+    /// Runs `f` on this device with the fabric locked, then runs the fabric (packets, virtual
+    /// time up to the next timer) and delivers channel notifications and async events of
+    /// every device.
+    fn command<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R) -> Result<R> {
+        let mut state = self.lock();
+        state.wire.tick();
+        let now = state.wire.now;
+        let r = f(state.device_mut(self.index)?, now);
+        state.pump(Goal::Settle);
+        Ok(r)
     }
 
-    fn query_port(&self, port_num: u8) -> Result<PortAttr> {
-        self.with_node(|node, _| node.hca.port_attr(port_num))?
+    /// As [`command`](Self::command): every call runs the fabric.
+    fn query<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> Result<R> {
+        self.command(|st, _| f(st))
     }
 
-    fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid> {
-        self.with_node(|node, _| node.hca.gid(port_num, index))?
+    fn peek<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> Result<R> {
+        Ok(f(self.lock().device_mut(self.index)?))
     }
 
-    fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16> {
-        self.with_node(|node, _| node.hca.pkey(port_num, index))?
-    }
-
-    fn alloc_pd(&self) -> Result<SimPd> {
-        let id = self.with_node(|node, _| node.hca.alloc_pd())??;
-        Ok(SimPd(Arc::new(PdInner {
-            ctx: self.clone(),
-            id,
-            alive: AtomicBool::new(true),
-        })))
-    }
-
-    fn alloc_mr(&self, pd: &SimPd, len: usize, access: AccessFlags) -> Result<SimMr> {
-        if len == 0 {
-            return Err(Error::invalid("MR length is zero"));
-        }
-        let max = self.query_device()?.max_mr_size;
-        if len as u64 > max {
-            return Err(Error::invalid("MR length above max_mr_size"));
-        }
-        self.register(pd, Region::heap(len), access, true)
-    }
-
-    fn reg_mr_file(
+    fn wait_take<R>(
         &self,
-        pd: &SimPd,
-        path: &Path,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<SimMr> {
-        if len == 0 {
-            return Err(Error::invalid("MR length is zero"));
-        }
-        let region = Region::file(path, len)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("mapping {}: {e}", path.display())))?;
-        self.register(pd, region, access, true)
-    }
-
-    #[allow(unsafe_code)]
-    unsafe fn reg_mr_raw(
-        &self,
-        pd: &SimPd,
-        addr: *mut u8,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<SimMr> {
-        let ptr = NonNull::new(addr).ok_or_else(|| Error::invalid("MR address is null"))?;
-        if len == 0 {
-            return Err(Error::invalid("MR length is zero"));
-        }
-        // SAFETY: the caller promises, per `Context::reg_mr_raw`, that the range stays valid
-        // for reads and writes while the MR is registered; the region lives no longer.
-        let region = unsafe { Region::caller(ptr, len) };
-        self.register(pd, region, access, false)
-    }
-
-    fn create_comp_channel(&self) -> Result<SimChannel> {
-        let shared = Arc::new(ChannelShared::new()?);
-        let id = self.with_node(|node, _| {
-            let id = node.hca.create_comp_channel()?;
-            node.channels.insert(id, shared.clone());
-            Ok::<_, Error>(id)
-        })??;
-        Ok(SimChannel(Arc::new(ChannelInner {
-            ctx: self.clone(),
-            id,
-            shared,
-            alive: AtomicBool::new(true),
-        })))
-    }
-
-    fn create_cq(&self, cqe: u32, channel: Option<&SimChannel>) -> Result<SimCq> {
-        let ctx_id = self.dev.id;
-        if let Some(ch) = channel {
-            self.same_device(&ch.0.ctx, "completion channel")?;
-        }
-        let id = self.with_node(|node, _| {
-            if let Some(ch) = channel {
-                if !ch.0.alive.load(Ordering::Acquire) {
-                    return Err(Error::destroyed("completion channel"));
-                }
-            }
-            let id = node.hca.create_cq(cqe, channel.map(|c| c.0.id))?;
-            node.events.own(EventElement::Cq(id.0), ctx_id);
-            Ok::<_, Error>(id)
-        })??;
-        Ok(SimCq(Arc::new(CqInner {
-            ctx: self.clone(),
-            id,
-            alive: AtomicBool::new(true),
-            _channel: channel.cloned(),
-        })))
-    }
-
-    fn create_srq(&self, pd: &SimPd, attr: &SrqAttr) -> Result<SimSrq> {
-        self.same_device(&pd.0.ctx, "PD")?;
-        let ctx_id = self.dev.id;
-        let id = self.with_live(&pd.0.alive, "PD", |node, _| {
-            let id = node.hca.create_srq(pd.0.id, attr)?;
-            node.events.own(EventElement::Srq(id.0), ctx_id);
-            Ok(id)
-        })?;
-        Ok(SimSrq(Arc::new(SrqInner {
-            ctx: self.clone(),
-            id,
-            alive: AtomicBool::new(true),
-            _pd: pd.clone(),
-        })))
-    }
-
-    fn create_qp(
-        &self,
-        pd: &SimPd,
-        send_cq: &SimCq,
-        recv_cq: &SimCq,
-        srq: Option<&SimSrq>,
-        attr: &QpInitAttr,
-    ) -> Result<SimQp> {
-        let ctx_id = self.dev.id;
-        self.same_device(&pd.0.ctx, "PD")?;
-        self.same_device(&send_cq.0.ctx, "send CQ")?;
-        self.same_device(&recv_cq.0.ctx, "receive CQ")?;
-        if let Some(srq) = srq {
-            self.same_device(&srq.0.ctx, "SRQ")?;
-        }
-        let qpn = self.with_node(|node, _| {
-            let live = [
-                (&pd.0.alive, "PD"),
-                (&send_cq.0.alive, "send CQ"),
-                (&recv_cq.0.alive, "receive CQ"),
-            ];
-            if let Some((_, what)) = live.iter().find(|(a, _)| !a.load(Ordering::Acquire)) {
-                return Err(Error::destroyed(what));
-            }
-            if srq.is_some_and(|s| !s.0.alive.load(Ordering::Acquire)) {
-                return Err(Error::destroyed("SRQ"));
-            }
-            let qpn = node.hca.create_qp(
-                pd.0.id,
-                send_cq.0.id,
-                recv_cq.0.id,
-                srq.map(|s| s.0.id),
-                attr,
-            )?;
-            node.events.own(EventElement::Qp(qpn), ctx_id);
-            Ok(qpn)
-        })??;
-        Ok(SimQp(Arc::new(QpInner {
-            ctx: self.clone(),
-            qpn,
-            qp_type: attr.qp_type,
-            alive: AtomicBool::new(true),
-            _pd: pd.clone(),
-            _send_cq: send_cq.clone(),
-            _recv_cq: recv_cq.clone(),
-            _srq: srq.cloned(),
-        })))
-    }
-
-    fn poll_async_event(&self) -> Option<AsyncEvent> {
-        let node = self.dev.node;
-        let id = self.dev.id;
-        self.wait_take(|state| Ok(state.node_mut(node)?.events.pop(id)))
-            .ok()
-            .flatten()
-    }
-}
-
-/// Destroys an object on drop unless it was destroyed explicitly.
-macro_rules! drop_destroys {
-    ($inner:ty, |$node:ident, $this:ident| $body:expr) => {
-        impl Drop for $inner {
-            fn drop(&mut self) {
-                let $this = &*self;
-                if $this.alive.swap(false, Ordering::AcqRel) {
-                    let _ = $this.ctx.with_node(|$node, _| $body);
-                }
-            }
-        }
-    };
-}
-
-// ---- PD ------------------------------------------------------------------------------------
-
-#[derive(Debug)]
-struct PdInner {
-    ctx: SimContext,
-    id: PdId,
-    alive: AtomicBool,
-}
-drop_destroys!(PdInner, |node, this| node.hca.dealloc_pd(this.id));
-
-/// An emulated protection domain.
-#[derive(Clone, Debug)]
-pub struct SimPd(Arc<PdInner>);
-
-impl ProtectionDomain for SimPd {
-    fn handle(&self) -> u32 {
-        self.0.id.0
-    }
-
-    fn destroy(&self) -> Result<()> {
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "PD", |node, _| {
-            node.hca.dealloc_pd(this.id)?;
-            this.alive.store(false, Ordering::Release);
-            Ok(())
-        })
-    }
-}
-
-// ---- MR ------------------------------------------------------------------------------------
-
-#[derive(Debug)]
-struct MrInner {
-    ctx: SimContext,
-    info: MrInfo,
-    region: Arc<Region>,
-    alive: AtomicBool,
-    _pd: SimPd,
-}
-drop_destroys!(MrInner, |node, this| {
-    node.mem.remove(this.info.lkey);
-    node.hca.dereg_mr(this.info.lkey)
-});
-
-/// An emulated memory region. Its `addr()` is synthetic and deterministic for MRs the emulator
-/// allocates and the caller's address for `reg_mr_raw` (crate doc, "Reproducibility").
-#[derive(Clone, Debug)]
-pub struct SimMr(Arc<MrInner>);
-
-impl SimMr {
-    fn check_alive(&self) -> Result<()> {
-        if self.0.alive.load(Ordering::Acquire) {
-            Ok(())
-        } else {
-            Err(Error::destroyed("MR"))
-        }
-    }
-}
-
-impl MemoryRegion for SimMr {
-    fn lkey(&self) -> u32 {
-        self.0.info.lkey
-    }
-
-    fn rkey(&self) -> u32 {
-        self.0.info.rkey
-    }
-
-    fn addr(&self) -> u64 {
-        self.0.info.iova
-    }
-
-    fn len(&self) -> usize {
-        self.0.region.len()
-    }
-
-    fn access(&self) -> AccessFlags {
-        self.0.info.access
-    }
-
-    fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
-        self.check_alive()?;
-        self.0.region.read(offset, buf).map_err(|_| {
-            Error::invalid(format!(
-                "read {offset}+{} outside MR of {} bytes",
-                buf.len(),
-                self.len()
-            ))
-        })
-    }
-
-    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.check_alive()?;
-        self.0.region.write(offset, data).map_err(|_| {
-            Error::invalid(format!(
-                "write {offset}+{} outside MR of {} bytes",
-                data.len(),
-                self.len()
-            ))
-        })
-    }
-
-    fn destroy(&self) -> Result<()> {
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "MR", |node, _| {
-            node.hca.dereg_mr(this.info.lkey)?;
-            node.mem.remove(this.info.lkey);
-            this.alive.store(false, Ordering::Release);
-            Ok(())
-        })
-    }
-}
-
-// ---- completion channel --------------------------------------------------------------------
-
-#[derive(Debug)]
-struct ChannelInner {
-    ctx: SimContext,
-    id: ChannelId,
-    shared: Arc<ChannelShared>,
-    alive: AtomicBool,
-}
-drop_destroys!(ChannelInner, |node, this| {
-    node.channels.remove(&this.id);
-    node.hca.destroy_comp_channel(this.id)
-});
-
-/// An emulated completion channel; its fd is a socket that is readable while events wait.
-///
-/// The fd only becomes readable when a call into the provider (on any thread) produces the
-/// completion: there is no background thread. `get_cq_event` and `wait_cq_event` run the fabric
-/// themselves.
-#[derive(Clone, Debug)]
-pub struct SimChannel(Arc<ChannelInner>);
-
-impl SimChannel {
-    fn check_alive(&self) -> Result<()> {
-        if self.0.alive.load(Ordering::Acquire) {
-            Ok(())
-        } else {
-            Err(Error::destroyed("completion channel"))
-        }
-    }
-}
-
-impl CompletionChannel for SimChannel {
-    fn get_cq_event(&self) -> Result<Option<u32>> {
-        self.check_alive()?;
-        if let Some(cq) = self.0.shared.try_get() {
-            return Ok(Some(cq));
-        }
-        let shared = &self.0.shared;
-        self.0.ctx.wait_take(|_| Ok(shared.try_get()))
+        _what: Waiting,
+        take: impl FnMut(&mut DeviceState) -> Result<Option<R>>,
+    ) -> Result<Option<R>> {
+        self.wait_take_in(&mut self.lock(), take)
     }
 
     /// Waits for the next event, running the fabric meanwhile: in virtual time it lets timer
     /// deadlines pass one by one and, once nothing is pending, sleeps in short slices (another
     /// thread may post work); in real time it runs the fabric in short slices until the next
     /// event is due. `timeout` is wall time.
-    fn wait_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
-        self.check_alive()?;
-        let this = &self.0;
+    fn wait_channel(
+        &self,
+        channel: &ChannelShared,
+        timeout: Option<Duration>,
+    ) -> Result<Option<u32>> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
-            if let Some(cq) = this.shared.try_get() {
+            if let Some(cq) = channel.try_get() {
                 return Ok(Some(cq));
             }
             let (fired, next) = {
-                let mut state = this.ctx.lock();
+                let mut state = self.lock();
                 let goal = if state.wire.is_real_time() {
                     Goal::Settle
                 } else {
@@ -1136,7 +652,7 @@ impl CompletionChannel for SimChannel {
                 let pumped = state.pump(goal);
                 (pumped.fired || pumped.exhausted, state.next_event_in())
             };
-            if let Some(cq) = this.shared.try_get() {
+            if let Some(cq) = channel.try_get() {
                 return Ok(Some(cq));
             }
             let left = match deadline {
@@ -1150,313 +666,28 @@ impl CompletionChannel for SimChannel {
                 continue;
             }
             let slice = next.unwrap_or(WAIT_SLICE).min(WAIT_SLICE).min(left);
-            if let Some(cq) = this.shared.wait(Some(slice)) {
+            if let Some(cq) = channel.wait(Some(slice)) {
                 return Ok(Some(cq));
             }
         }
     }
 
-    fn destroy(&self) -> Result<()> {
-        let this = &self.0;
-        this.ctx
-            .with_live(&this.alive, "completion channel", |node, _| {
-                node.hca.destroy_comp_channel(this.id)?;
-                node.channels.remove(&this.id);
-                this.alive.store(false, Ordering::Release);
-                Ok(())
-            })
-    }
-}
-
-impl AsFd for SimChannel {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.shared.as_fd()
-    }
-}
-
-impl AsRawFd for SimChannel {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.shared.as_raw_fd()
-    }
-}
-
-// ---- CQ ------------------------------------------------------------------------------------
-
-#[derive(Debug)]
-struct CqInner {
-    ctx: SimContext,
-    id: CqId,
-    alive: AtomicBool,
-    _channel: Option<SimChannel>,
-}
-drop_destroys!(CqInner, |node, this| {
-    let _ = node.hca.ack_cq_events(this.id, u32::MAX);
-    node.hca.destroy_cq(this.id)
-});
-
-/// An emulated completion queue.
-#[derive(Clone, Debug)]
-pub struct SimCq(Arc<CqInner>);
-
-impl SimCq {
-    /// Polls until one completion arrives and returns it: the usual loop of a unit test. In
-    /// virtual time each empty poll lets the fabric reach its next timer deadline, so
-    /// retransmissions and retry exhaustion take microseconds of wall time.
-    ///
-    /// Errors: `InvalidState` if the CQ is empty and the fabric is idle (nothing in flight, no
-    /// timer armed: no completion can arrive unless another thread posts work), or if nothing
-    /// arrived after 100 000 timer deadlines (virtual time) or 60 s (real time), e.g. a QP
-    /// retrying RNR NAKs forever; the errors of [`CompletionQueue::poll`].
-    pub fn next_completion(&self) -> Result<WorkCompletion> {
-        let mut wc = [WorkCompletion::default(); 1];
-        let start = std::time::Instant::now();
-        for _ in 0..WAIT_STEPS {
-            if self.poll(&mut wc)? == 1 {
-                return Ok(wc[0]);
+    /// Idle once nothing is pending; in real time sleeps until the next event (at most
+    /// 1 ms) and gives up after 60 s.
+    fn between_polls(&self, start: std::time::Instant) -> Result<Idle> {
+        let (next, real) = {
+            let mut state = self.lock();
+            (state.next_event_in(), state.wire.is_real_time())
+        };
+        let Some(next) = next else {
+            return Ok(Idle::Idle);
+        };
+        if real {
+            if start.elapsed() > REAL_TIME_WAIT {
+                return Ok(Idle::TimedOut);
             }
-            let (next, real) = {
-                let mut state = self.0.ctx.lock();
-                (state.next_event_in(), state.wire.is_real_time())
-            };
-            let Some(next) = next else {
-                // Another thread's pump may have delivered this CQ's completion between the
-                // poll above and the idle check; the fabric being idle now, one more poll
-                // settles it.
-                if self.poll(&mut wc)? == 1 {
-                    return Ok(wc[0]);
-                }
-                return Err(Error::state(
-                    "CQ is empty and the fabric is idle: no completion can arrive",
-                ));
-            };
-            if real {
-                if start.elapsed() > REAL_TIME_WAIT {
-                    break;
-                }
-                std::thread::sleep(next.clamp(Duration::from_micros(1), WAIT_SLICE));
-            }
+            std::thread::sleep(next.clamp(Duration::from_micros(1), WAIT_SLICE));
         }
-        Err(Error::state("no completion arrived"))
-    }
-}
-
-impl CompletionQueue for SimCq {
-    fn handle(&self) -> u32 {
-        self.0.id.0
-    }
-
-    fn capacity(&self) -> u32 {
-        let this = &self.0;
-        this.ctx
-            .with_live(&this.alive, "CQ", |node, _| {
-                Ok(node.hca.cq_capacity(this.id).unwrap_or(0))
-            })
-            .unwrap_or(0)
-    }
-
-    /// Polls; when the CQ is empty, runs the fabric first (virtual time: up to and including
-    /// the next timer deadline; real time: what is due) and polls again.
-    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let this = &self.0;
-        let node = this.ctx.dev.node;
-        let n = this.ctx.wait_take(|state| {
-            if !this.alive.load(Ordering::Acquire) {
-                return Err(Error::destroyed("CQ"));
-            }
-            match state.node_mut(node)?.hca.poll_cq(this.id, out)? {
-                0 if !out.is_empty() => Ok(None),
-                n => Ok(Some(n)),
-            }
-        })?;
-        Ok(n.unwrap_or(0))
-    }
-
-    fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "CQ", |node, _| {
-            node.hca.req_notify_cq(this.id, solicited_only)
-        })
-    }
-
-    fn ack_events(&self, n: u32) {
-        let this = &self.0;
-        let _ = this.ctx.with_live(&this.alive, "CQ", |node, _| {
-            node.hca.ack_cq_events(this.id, n)
-        });
-    }
-
-    fn resize(&self, cqe: u32) -> Result<()> {
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "CQ", |node, _| {
-            node.hca.resize_cq(this.id, cqe)
-        })
-    }
-
-    fn destroy(&self) -> Result<()> {
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "CQ", |node, _| {
-            node.hca.destroy_cq(this.id)?;
-            this.alive.store(false, Ordering::Release);
-            Ok(())
-        })
-    }
-}
-
-// ---- SRQ -----------------------------------------------------------------------------------
-
-#[derive(Debug)]
-struct SrqInner {
-    ctx: SimContext,
-    id: SrqId,
-    alive: AtomicBool,
-    _pd: SimPd,
-}
-drop_destroys!(SrqInner, |node, this| node.hca.destroy_srq(this.id));
-
-/// An emulated shared receive queue.
-#[derive(Clone, Debug)]
-pub struct SimSrq(Arc<SrqInner>);
-
-impl SharedReceiveQueue for SimSrq {
-    fn handle(&self) -> u32 {
-        self.0.id.0
-    }
-
-    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        let this = &self.0;
-        let r = this.ctx.with_node(|node, _| {
-            if !this.alive.load(Ordering::Acquire) {
-                return Err(PostError::new(0, Error::destroyed("SRQ")));
-            }
-            node.hca.post_srq_recv(this.id, wrs)
-        });
-        r.map_err(|e| PostError::new(0, e))?
-    }
-
-    fn query(&self) -> Result<SrqAttr> {
-        let this = &self.0;
-        this.ctx
-            .with_live(&this.alive, "SRQ", |node, _| node.hca.query_srq(this.id))
-    }
-
-    fn arm_limit(&self, srq_limit: u32) -> Result<()> {
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "SRQ", |node, _| {
-            node.hca.arm_srq_limit(this.id, srq_limit)
-        })
-    }
-
-    fn destroy(&self) -> Result<()> {
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "SRQ", |node, _| {
-            node.hca.destroy_srq(this.id)?;
-            this.alive.store(false, Ordering::Release);
-            Ok(())
-        })
-    }
-}
-
-// ---- QP ------------------------------------------------------------------------------------
-
-#[derive(Debug)]
-struct QpInner {
-    ctx: SimContext,
-    qpn: u32,
-    qp_type: QpType,
-    alive: AtomicBool,
-    _pd: SimPd,
-    _send_cq: SimCq,
-    _recv_cq: SimCq,
-    _srq: Option<SimSrq>,
-}
-drop_destroys!(QpInner, |node, this| node.hca.destroy_qp(this.qpn));
-
-/// An emulated queue pair.
-#[derive(Clone, Debug)]
-pub struct SimQp(Arc<QpInner>);
-
-impl SimQp {
-    /// Counters of this QP (retransmits, NAKs, duplicates, …); see [`SimContext::qp_stats`].
-    ///
-    /// Errors: `Destroyed` after `destroy`.
-    pub fn stats(&self) -> Result<Stats> {
-        let this = &self.0;
-        let mut state = this.ctx.lock();
-        if !this.alive.load(Ordering::Acquire) {
-            return Err(Error::destroyed("QP"));
-        }
-        state.node_mut(this.ctx.dev.node)?.hca.qp_stats(this.qpn)
-    }
-
-    fn post<R>(
-        &self,
-        f: impl FnOnce(&mut Hca, Instant) -> Result<R, PostError>,
-    ) -> Result<R, PostError> {
-        let this = &self.0;
-        let r = this.ctx.with_node(|node, now| {
-            if !this.alive.load(Ordering::Acquire) {
-                return Err(PostError::new(0, Error::destroyed("QP")));
-            }
-            f(&mut node.hca, now)
-        });
-        r.map_err(|e| PostError::new(0, e))?
-    }
-}
-
-impl QueuePair for SimQp {
-    fn qp_num(&self) -> u32 {
-        self.0.qpn
-    }
-
-    fn qp_type(&self) -> QpType {
-        self.0.qp_type
-    }
-
-    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "QP", |node, now| {
-            node.hca.modify_qp(now, this.qpn, attr, mask)
-        })
-    }
-
-    fn query(&self) -> Result<QpAttr> {
-        let this = &self.0;
-        this.ctx
-            .with_live(&this.alive, "QP", |node, _| node.hca.query_qp(this.qpn))
-    }
-
-    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
-        let qpn = self.0.qpn;
-        self.post(|hca, now| hca.post_send(now, qpn, wrs))
-    }
-
-    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        let qpn = self.0.qpn;
-        self.post(|hca, _| hca.post_recv(qpn, wrs))
-    }
-
-    fn endpoint(&self, psn: u32) -> Result<Endpoint> {
-        if psn > verbs_api::MAX_24BIT {
-            return Err(Error::invalid("PSN is not a 24-bit number"));
-        }
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "QP", |node, _| {
-            let config = node.hca.config();
-            Ok(Endpoint {
-                qpn: this.qpn,
-                psn,
-                gid: config.gid,
-                udp_port: config.udp_port,
-            })
-        })
-    }
-
-    fn destroy(&self) -> Result<()> {
-        let this = &self.0;
-        this.ctx.with_live(&this.alive, "QP", |node, _| {
-            node.hca.destroy_qp(this.qpn)?;
-            this.alive.store(false, Ordering::Release);
-            Ok(())
-        })
+        Ok(Idle::Again)
     }
 }

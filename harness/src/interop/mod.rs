@@ -125,7 +125,7 @@ impl DeviceArgs {
         let ctx = self.open_device()?;
         if let Some(path) = &self.pcap {
             let udp = ctx
-                .downcast_ref::<emu_driver::UdpContext>()
+                .downcast_ref::<emu_udp::UdpContext>()
                 .ok_or_else(|| InteropError::new("--pcap applies to the udp provider only"))?;
             udp.set_capture(Some(path))
                 .during(&format!("--pcap {}", path.display()))?;
@@ -135,7 +135,7 @@ impl DeviceArgs {
 
     /// Stops the `--pcap` capture, flushing the file.
     pub fn finish(&self, ctx: &AnyContext) -> Result<()> {
-        match (ctx.downcast_ref::<emu_driver::UdpContext>(), &self.pcap) {
+        match (ctx.downcast_ref::<emu_udp::UdpContext>(), &self.pcap) {
             (Some(udp), Some(path)) => udp
                 .set_capture(None)
                 .during(&format!("--pcap {}", path.display())),
@@ -153,7 +153,7 @@ impl DeviceArgs {
         });
         match (&self.bind, provider.as_str()) {
             (Some(bind), "udp") => {
-                let list = emu_driver::UdpProvider::builder()
+                let list = emu_udp::UdpProvider::builder()
                     .device_list(bind)
                     .during(&format!("--bind {bind}"))?
                     .foreign_ipv4_ident(!self.strict_icrc);
@@ -368,7 +368,7 @@ impl TimeArgs {
 /// writes are bounded by [`TimeArgs::io`].
 pub fn tcp_client(host: &str, port: u16, time: &TimeArgs) -> Result<TcpStream> {
     let addr = resolve(host, port)?;
-    let stream = emu_driver::oob::connect(addr, time.connect())?;
+    let stream = emu_udp::oob::connect(addr, time.connect())?;
     io_bounds(stream, time)
 }
 
@@ -377,7 +377,7 @@ pub fn tcp_client(host: &str, port: u16, time: &TimeArgs) -> Result<TcpStream> {
 pub fn tcp_server(port: u16, time: &TimeArgs) -> Result<TcpStream> {
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
         .during(&format!("listening on TCP port {port}"))?;
-    let stream = emu_driver::oob::accept(&listener, time.connect())
+    let stream = emu_udp::oob::accept(&listener, time.connect())
         .during(&format!("waiting for a client on TCP port {port}"))?;
     io_bounds(stream, time)
 }
@@ -430,7 +430,7 @@ fn rx_drops_line(drops: &emu_proto::RxDrops) -> String {
 /// The device counters of a `udp` context as printable lines, and the number of packets it
 /// dropped for a bad ICRC; `None` for other providers.
 pub fn udp_report(ctx: &AnyContext) -> Option<(String, u64)> {
-    let udp = ctx.downcast_ref::<emu_driver::UdpContext>()?;
+    let udp = ctx.downcast_ref::<emu_udp::UdpContext>()?;
     let s = udp.device_stats();
     let d = udp.driver_stats();
     let text = format!(

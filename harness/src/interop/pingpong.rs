@@ -265,7 +265,7 @@ fn connect(qp: &verbs_api::dynamic::AnyQp, path: &mut QpPath, peer: &PpDest) -> 
 /// here, and the peer's last send completes only with that ACK. Other providers acknowledge in
 /// the kernel or the NIC, whatever the process does next.
 fn linger(ctx: &AnyContext) {
-    if ctx.downcast_ref::<emu_driver::UdpContext>().is_some() {
+    if ctx.downcast_ref::<emu_udp::UdpContext>().is_some() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -5,7 +5,7 @@
 //! and the UDP device's `icrc_errors` counter (checked to be 0) shows we accepted rxe's.
 //!
 //! The server (no host argument) listens on TCP, the client connects. They exchange QP
-//! endpoints (`emu_driver::oob`'s line format, with the GID of `-g`) and memory regions, walk
+//! endpoints (`emu_udp::oob`'s line format, with the GID of `-g`) and memory regions, walk
 //! their RC QPs to RTS and run two phases: in phase 1 the server is the requester and the client
 //! the responder, in phase 2 the other way round. The requester, on the responder's region:
 //!
@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::time::Instant;
 
-use emu_driver::oob::{self, RemoteMr};
+use emu_udp::oob::{self, RemoteMr};
 use verbs_api::dynamic::{AnyContext, AnyMr, AnyQp};
 use verbs_api::{
     AccessFlags, Context, Endpoint, MemoryRegion, QpCap, QpInitAttr, QueuePair, RecvWr, SendOp,

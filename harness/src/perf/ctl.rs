@@ -5,7 +5,7 @@ use std::net::TcpStream;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::Duration;
 
-use emu_driver::oob;
+use emu_udp::oob;
 
 use super::PerfError;
 
@@ -48,7 +48,7 @@ pub(crate) trait Ctl: Send {
     }
 }
 
-/// The out-of-band TCP stream of `emu_driver::oob`.
+/// The out-of-band TCP stream of `emu_udp::oob`.
 pub(crate) struct TcpCtl(pub(crate) TcpStream);
 
 impl Ctl for TcpCtl {

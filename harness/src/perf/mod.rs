@@ -31,8 +31,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use emu_driver::{UdpProvider, oob};
 use emu_sim::SimProvider;
+use emu_udp::{UdpProvider, oob};
 use serde::{Deserialize, Serialize};
 use verbs_api::{Device, Provider};
 
@@ -678,7 +678,7 @@ fn serve_session(ctl: &mut TcpCtl, udp_ip: IpAddr) -> Result<(), PerfError> {
     verbs::server(ctl, &ctx, &cfg, udp)
 }
 
-fn udp_context(ip: IpAddr, cfg: &Config) -> Result<emu_driver::UdpContext, PerfError> {
+fn udp_context(ip: IpAddr, cfg: &Config) -> Result<emu_udp::UdpContext, PerfError> {
     let provider = UdpProvider::builder()
         .device(SocketAddr::new(ip, 0))
         .busy_poll(cfg.busy_poll)

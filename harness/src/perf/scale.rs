@@ -10,8 +10,8 @@
 
 use std::time::{Duration, Instant};
 
-use emu_driver::UdpProvider;
 use emu_sim::SimProvider;
+use emu_udp::UdpProvider;
 use verbs_api::{
     AccessFlags, CompletionQueue, Context, Device, MemoryRegion, Provider, QpCap, QpInitAttr,
     QueuePair, RcConnectOptions, SendFlags, SendOp, SendWr, WorkCompletion, connect_rc,

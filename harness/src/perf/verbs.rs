@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use emu_driver::oob::RemoteMr;
 use emu_fault::FaultPlan;
 use emu_proto::Stats;
+use emu_udp::oob::RemoteMr;
 use verbs_api::{
     AccessFlags, CompletionChannel, CompletionQueue, Context, Endpoint, ErrorKind, MemoryRegion,
     Mtu, QpCap, QpInitAttr, QueuePair, RcConnectOptions, RecvWr, SendFlags, SendOp, SendWr, Sge,
@@ -80,7 +80,7 @@ fn plan(loss: f64, seed: u64) -> FaultPlan {
     }
 }
 
-impl Backend for emu_driver::UdpContext {
+impl Backend for emu_udp::UdpContext {
     fn set_loss(&self, loss: f64, seed: u64) -> Result<(), PerfError> {
         let p = (loss > 0.0).then(|| plan(loss, seed));
         Ok(self.set_faults(p)?)

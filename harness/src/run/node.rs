@@ -18,9 +18,9 @@ use std::process::ExitCode;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use emu_driver::oob::RemoteMr;
-use emu_driver::{UdpContext, UdpCq, UdpMr, UdpProvider, UdpQp};
 use emu_fault::{FaultPlan, NodeId};
+use emu_udp::oob::RemoteMr;
+use emu_udp::{UdpContext, UdpCq, UdpMr, UdpProvider, UdpQp};
 use verbs_api::{
     AccessFlags, CompletionChannel, CompletionQueue, Context, Device, Endpoint, MemoryRegion,
     Provider, QpCap, QpInitAttr, QueuePair, RcConnectOptions, RecvWr, SendOp, SendWr, WcFlags,
@@ -498,7 +498,7 @@ struct Node {
     cfg: NodeConfig,
     ctx: UdpContext,
     mr: UdpMr,
-    channel: emu_driver::UdpChannel,
+    channel: emu_udp::UdpChannel,
     links: Vec<Link>,
     log: LogWriter,
     deadline: Instant,

@@ -23,7 +23,7 @@
 //!
 //! Any message may be answered by `error {message}`, after which the node exits non-zero. A
 //! node exits by itself when its stdin closes or its deadline passes. Endpoints and MRs travel
-//! in the text forms of [`verbs_api::Endpoint`] and [`emu_driver::oob::RemoteMr`].
+//! in the text forms of [`verbs_api::Endpoint`] and [`emu_udp::oob::RemoteMr`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -26,11 +26,11 @@ use verbs_api::{
 
 use crate::convert::{self, errno_error};
 use crate::ffi::loader;
-use crate::ffi::region::Region;
 use crate::ffi::safe::{
     DeviceList, RawChannel, RawContext, RawCq, RawMr, RawPd, RawQp, RawSrq, wait_readable,
 };
 use crate::ffi::sys::{ibv_srq_attr, ibv_wc};
+use mr_region::Region;
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|p| p.into_inner())
@@ -629,7 +629,7 @@ impl MemoryRegion for HwMr {
     fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
         let guard = read(&self.0.raw);
         let mr = guard.as_ref().ok_or_else(|| destroyed("MR"))?;
-        if !mr.region().read(offset, buf) {
+        if mr.region().read(offset, buf).is_err() {
             return Err(Error::invalid(format!(
                 "read {offset}+{} outside MR of {} bytes",
                 buf.len(),
@@ -642,7 +642,7 @@ impl MemoryRegion for HwMr {
     fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         let guard = read(&self.0.raw);
         let mr = guard.as_ref().ok_or_else(|| destroyed("MR"))?;
-        if !mr.region().write(offset, data) {
+        if mr.region().write(offset, data).is_err() {
             return Err(Error::invalid(format!(
                 "write {offset}+{} outside MR of {} bytes",
                 data.len(),

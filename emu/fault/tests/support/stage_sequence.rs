@@ -5,7 +5,7 @@
 //! It is compiled into three tests (included with `#[path]`): emu-fault's own
 //! (`tests/stage_equivalence.rs`, a bare [`emu_fault::Stage`]), the in-process fabric's
 //! (`emu-sim`, `fabric.rs`: `Wire::send` and the pump's delivery calls) and the UDP driver's
-//! (`emu-driver`, `fault.rs`: the send-side and the receive-side stage of a device). Each runs
+//! (`emu-udp`, `fault.rs`: the send-side and the receive-side stage of a device). Each runs
 //! [`run`] with its backend's entry points and compares the [`Outcome`] with [`EXPECTED`],
 //! pinned once here, so the backends agree with each other through it.
 

@@ -24,8 +24,8 @@ use std::time::Duration;
 use verbs_api::{RecvWr, SendFlags, SendOp, SendWr};
 
 use super::loader::Verbs;
-use super::region::Region;
 use super::sys::*;
+use mr_region::Region;
 
 const EINVAL: i32 = libc::EINVAL;
 const EBUSY: i32 = libc::EBUSY;

@@ -5,7 +5,7 @@
 //! One call per process sets up a connected RC QP:
 //!
 //! ```no_run
-//! use emu_driver::{UdpProvider, oob};
+//! use emu_udp::{UdpProvider, oob};
 //! use verbs_api::{Device, Provider};
 //!
 //! // Process A (server)

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use emu_driver::UdpProvider;
+use emu_udp::UdpProvider;
 use verbs_api::{QueuePair, RcConnectOptions};
 
 const A: &str = "127.0.0.1:4791";

@@ -1,12 +1,13 @@
-//! The progress engine of one device: the HCA behind a mutex, the socket side behind another,
-//! and the thread that moves packets and timers when no application thread does.
+//! The runtime of one UDP device: its state (HCA, MR memory, channels) behind a mutex, the
+//! socket side behind another, and the progress thread that moves packets and timers when no
+//! application thread does. The protocol engine itself is [`emu_proto::Hca`].
 //!
-//! # Who runs the engine
+//! # Who drives the device
 //!
 //! Run-to-completion where it pays, the progress thread for everything else:
 //!
 //! - **Verbs commands** (post, modify, destroy, …) lock [`Io`] (without waiting: if another
-//!   thread holds it, the command leaves its packets to that thread), then the [`DevState`],
+//!   thread holds it, the command leaves its packets to that thread), then the [`DeviceState`],
 //!   run the command, pull up to [`TX_BATCH`] packets from [`Hca::poll_transmit`] and send
 //!   them from the caller's thread, through exactly the path the thread uses (ICRC fix-up,
 //!   send-side faults, capture, GSO). The doorbell (a [`mio::Waker`]) rings only when the
@@ -55,7 +56,7 @@
 //!
 //! # Locks and the parking protocol
 //!
-//! Lock order: [`Io`], then [`DevState`], then the fault configuration, then a capture. The
+//! Lock order: [`Io`], then [`DeviceState`], then the fault configuration, then a capture. The
 //! thread holds [`Io`] for a whole pass and decides to park while still holding it, so a
 //! thread that holds [`Io`] sees the thread either parked (on `Io::sleep_until`) or about to
 //! run a full pass. A command that could not get [`Io`] sets `Core::dirty` (under the device
@@ -69,7 +70,7 @@
 //! Datagrams addressed to the device itself skip the socket (rxe's loopback) and are fed back
 //! on the next pass; the receive-side fault stage does not see them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{ErrorKind as IoKind, IoSliceMut};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -77,8 +78,8 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
-use emu_proto::{ChannelId, Hca, HcaConfig, Instant, PacketClass};
-use emu_sim::internals::ChannelShared;
+use emu_device::{DeviceMemory, DeviceState, MrAddresses};
+use emu_proto::{Hca, HcaConfig, Instant, PacketClass};
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
@@ -87,7 +88,6 @@ use verbs_api::{Error, ErrorKind, Result};
 use crate::capture::{Capture, wall_clock};
 use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool};
 use crate::socket::{Bound, SocketInfo};
-use emu_sim::internals::NodeMemory as DeviceMemory;
 
 /// Datagrams received per pass at most (the bound on work per wake-up). Each receive call
 /// asks for at most as many buffers as datagrams are still missing, so without UDP GRO the
@@ -171,7 +171,7 @@ pub struct DriverStats {
     pub doorbells: u64,
     /// Progress passes (receive, engine, send, timers) run by application threads polling the
     /// device: a CQ poll that found the CQ empty, an MR read (see
-    /// [`crate::UdpContext::set_busy_poll`]).
+    /// [`crate::UdpDevice::set_busy_poll`]).
     pub app_passes: u64,
 }
 
@@ -201,38 +201,6 @@ fn bump(counter: &AtomicU64, by: u64) {
     counter.fetch_add(by, Ordering::Relaxed);
 }
 
-/// Everything an application command may touch, behind the device mutex.
-#[derive(Debug)]
-pub(crate) struct DevState {
-    pub(crate) hca: Hca,
-    pub(crate) mem: DeviceMemory,
-    pub(crate) channels: HashMap<ChannelId, Arc<ChannelShared>>,
-    pub(crate) events: emu_proto::EventRouter,
-    /// The latest `now` handed to the HCA: engine time never goes backwards.
-    last_now: Instant,
-}
-
-impl DevState {
-    fn now(&mut self, epoch: StdInstant) -> Instant {
-        self.last_now = self.last_now.max(clock(epoch));
-        self.last_now
-    }
-
-    /// Hands what the HCA produced to the application side: channel notifications (the fd
-    /// becomes readable) and async events.
-    fn deliver(&mut self) {
-        while let Some(n) = self.hca.poll_notification() {
-            if let Some(ch) = self.channels.get(&n.channel) {
-                ch.signal(n.cq.0);
-                self.hca.cq_event_delivered(n.cq);
-            }
-        }
-        while let Some(e) = self.hca.poll_event() {
-            self.events.route(e);
-        }
-    }
-}
-
 /// Engine time: nanoseconds since the device was created.
 fn clock(epoch: StdInstant) -> Instant {
     Instant::from_nanos(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
@@ -249,7 +217,9 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 /// The state shared by the application and the progress thread of one device.
 #[derive(Debug)]
 pub(crate) struct Core {
-    state: Mutex<DevState>,
+    state: Mutex<DeviceState>,
+    /// The latest engine time handed out (nanoseconds): engine time never goes backwards.
+    last_now: AtomicU64,
     /// The socket side; `None` once the progress thread stopped (the socket is closed).
     io: Mutex<Option<Io>>,
     waker: Waker,
@@ -282,8 +252,15 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    fn lock(&self) -> MutexGuard<'_, DevState> {
+    fn lock(&self) -> MutexGuard<'_, DeviceState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Engine time now: the time since the device was created, never less than what an
+    /// earlier call got.
+    fn now(&self) -> Instant {
+        let now = clock(self.epoch).as_nanos();
+        Instant::from_nanos(self.last_now.fetch_max(now, Ordering::AcqRel).max(now))
     }
 
     /// The socket side, waiting for it.
@@ -310,7 +287,7 @@ impl Core {
     /// sent from the caller's thread, produced notifications are delivered, and the progress
     /// thread is woken only if it has to act (see the module docs). If another thread holds the
     /// socket side, the packets are left to it (the progress thread is rung if parked).
-    pub(crate) fn command<R>(&self, f: impl FnOnce(&mut DevState, Instant) -> R) -> R {
+    pub(crate) fn command<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R) -> R {
         self.posting.store(false, Ordering::Relaxed);
         self.run(f, true)
     }
@@ -320,19 +297,19 @@ impl Core {
     /// leaves its packets to whoever sends next — the progress thread (rung if parked) or the
     /// polling application thread — so that a burst goes out in batches (GSO runs) rather
     /// than one system call per post.
-    pub(crate) fn post<R>(&self, f: impl FnOnce(&mut DevState, Instant) -> R) -> R {
+    pub(crate) fn post<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R) -> R {
         let burst = self.posting.swap(true, Ordering::Relaxed);
         self.run(f, !burst)
     }
 
-    fn run<R>(&self, f: impl FnOnce(&mut DevState, Instant) -> R, inline: bool) -> R {
+    fn run<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R, inline: bool) -> R {
         let mut io = if inline { self.try_io() } else { None };
         let mut st = self.lock();
-        let now = st.now(self.epoch);
+        let now = self.now();
         let r = f(&mut st, now);
         match io.as_mut().and_then(|g| g.as_mut()) {
             Some(io) => {
-                let DevState { hca, mem, .. } = &mut *st;
+                let DeviceState { hca, mem, .. } = &mut *st;
                 let more = io.pull(hca, mem, now) == Pull::Full;
                 io.release_acks();
                 st.deliver();
@@ -356,7 +333,7 @@ impl Core {
     }
 
     /// Runs a command that gives the thread no work (queries, polling a CQ).
-    pub(crate) fn query<R>(&self, f: impl FnOnce(&mut DevState) -> R) -> R {
+    pub(crate) fn query<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> R {
         self.posting.store(false, Ordering::Relaxed);
         let mut st = self.lock();
         let r = f(&mut st);
@@ -502,12 +479,12 @@ impl Core {
 /// A running device: its [`Core`] and progress thread. Dropping it stops and joins the thread,
 /// which closes the socket.
 #[derive(Debug)]
-pub(crate) struct Engine {
+pub(crate) struct Runtime {
     pub(crate) core: Arc<Core>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl Engine {
+impl Runtime {
     /// Starts the progress thread of a device whose socket is already bound.
     pub(crate) fn start(
         bound: Bound,
@@ -515,7 +492,7 @@ impl Engine {
         faults: FaultConfig,
         capture: Option<Arc<Capture>>,
         busy_poll: bool,
-    ) -> Result<Engine> {
+    ) -> Result<Runtime> {
         let Bound {
             mut socket,
             state,
@@ -569,13 +546,8 @@ impl Engine {
             held_acks: Vec::new(),
         };
         let core = Arc::new(Core {
-            state: Mutex::new(DevState {
-                hca: Hca::new(config),
-                mem: DeviceMemory::default(),
-                channels: HashMap::new(),
-                events: emu_proto::EventRouter::default(),
-                last_now: Instant::ZERO,
-            }),
+            state: Mutex::new(DeviceState::new(Hca::new(config), MrAddresses::Host)),
+            last_now: AtomicU64::new(0),
             io: Mutex::new(Some(socket_side)),
             waker,
             epoch: StdInstant::now(),
@@ -603,7 +575,7 @@ impl Engine {
             .name(format!("softverbs-{name}"))
             .spawn(move || progress.run())
             .map_err(|e| io("starting the progress thread", e))?;
-        Ok(Engine {
+        Ok(Runtime {
             core,
             thread: Mutex::new(Some(thread)),
         })
@@ -622,7 +594,7 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
+impl Drop for Runtime {
     fn drop(&mut self) {
         self.shutdown();
     }
@@ -862,8 +834,8 @@ impl Io {
         self.ingest(core, clock(core.epoch), release);
         let received = !self.feed.is_empty() || !self.self_rx.is_empty();
         let mut st = core.lock();
-        let now = st.now(core.epoch);
-        let DevState { hca, mem, .. } = &mut *st;
+        let now = core.now();
+        let DeviceState { hca, mem, .. } = &mut *st;
         for item in self.feed.drain(..) {
             match item {
                 Feed::Slice { start, len, src } => {

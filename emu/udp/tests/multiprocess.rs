@@ -13,8 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use emu_driver::{UdpProvider, oob};
 use emu_fault::FaultPlan;
+use emu_udp::{UdpProvider, oob};
 use verbs_api::{
     Context, Device, MemoryRegion, Provider, QueuePair, RcConnectOptions, RecvWr, SendOp, SendWr,
     WcOpcode, WcStatus,

@@ -1,5 +1,8 @@
 //! Completion channels: a queue of CQ events plus a socket pair whose read end becomes
 //! readable while events are pending, so the channel works with epoll, mio and tokio.
+//!
+//! Not the verbs handle (that is [`crate::Channel`]): the OS side the device signals and the
+//! application waits on.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind as IoKind, Read, Write};
@@ -10,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use verbs_api::{Error, ErrorKind, Result};
 
-/// The OS side of one channel.
+/// The OS side of one completion channel: the device signals it, the application takes or
+/// waits for its events.
 #[derive(Debug)]
 pub struct ChannelShared {
     queue: Mutex<VecDeque<u32>>,

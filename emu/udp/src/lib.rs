@@ -1,4 +1,4 @@
-//! `emu-driver`: softverbs over real UDP sockets, between threads, processes and hosts.
+//! `emu-udp`: softverbs over real UDP sockets, between threads, processes and hosts.
 //!
 //! Each emulated device is a UDP socket bound to an address of the caller's choice (loopback
 //! and the RoCEv2 port 4791 by default), an [`emu_proto::Hca`], and a progress thread between
@@ -11,7 +11,7 @@
 //! backend (emu-sim). Two processes connect a QP pair with one call each through [`oob`].
 //!
 //! ```
-//! use emu_driver::UdpProvider;
+//! use emu_udp::UdpProvider;
 //! use verbs_api::{Context, Device, Provider};
 //!
 //! let provider = UdpProvider::builder()
@@ -27,7 +27,7 @@
 //!
 //! # Threads and time
 //!
-//! One progress thread per device (see the `engine` module docs), but the work runs in the
+//! One progress thread per device (see the `runtime` module docs), but the work runs in the
 //! thread that has it at hand when that saves a wake-up:
 //!
 //! - a verbs call that makes packets ready (`post_send`, `modify`, …) sends them itself, up to
@@ -45,7 +45,7 @@
 //! - the progress thread does the rest: it waits in `epoll_wait` (through mio) for a
 //!   datagram, the doorbell, writability or the engine's next timer deadline, so an idle
 //!   device costs no CPU. Work per wake-up is bounded ([`RX_BATCH`] datagrams in,
-//!   [`TX_BATCH`] packets out; see [Batching](#batching)). [`UdpContext::set_busy_poll`]
+//!   [`TX_BATCH`] packets out; see [Batching](#batching)). [`UdpDevice::set_busy_poll`]
 //!   makes it spin instead while no application thread polls.
 //!
 //! Engine time is `std::time::Instant` since the device was created. The thread stops (and
@@ -55,20 +55,20 @@
 //! # Faults
 //!
 //! A [`emu_fault::FaultPlan`] (from [`UdpBuilder::faults`] or, at run time,
-//! [`UdpContext::set_faults`]) decides every datagram a device sends: drop, duplicate,
+//! [`UdpDevice::set_faults`]) decides every datagram a device sends: drop, duplicate,
 //! corrupt, truncate, delay, hold, partition, rate-limit, exactly as in the in-process backend
 //! (the same classifier, [`emu_fault::DatagramMeta::classify`], and the same
 //! [`emu_fault::Stage`]; a datagram that does not parse is judged too).
-//! A second, independent plan ([`UdpBuilder::rx_faults`], [`UdpContext::set_rx_faults`])
+//! A second, independent plan ([`UdpBuilder::rx_faults`], [`UdpDevice::set_rx_faults`])
 //! decides every datagram the device reads from its socket before the engine sees it, so
 //! faults apply even when the peer is not softverbs (a RoCEv2 NIC, Linux rxe). Device `i` of a
 //! builder is node `i`; other addresses are named with [`UdpBuilder::peer_node`]. Verdict
-//! counters: [`UdpContext::fault_counters`] and [`UdpContext::rx_fault_counters`].
+//! counters: [`UdpDevice::fault_counters`] and [`UdpDevice::rx_fault_counters`].
 //!
 //! # Capture
 //!
 //! [`UdpBuilder::capture`] writes the live traffic of a provider's devices to one pcap file,
-//! [`UdpContext::set_capture`] that of one device at run time: what the device writes to its
+//! [`UdpDevice::set_capture`] that of one device at run time: what the device writes to its
 //! socket (after the send-side faults) and what it reads (before the receive-side faults),
 //! with the real IP addresses, UDP ports and wall-clock timestamps. Wireshark decodes it as
 //! RoCEv2 (for ports other than 4791: `tshark -d udp.port==PORT,infiniband`).
@@ -94,9 +94,9 @@
 //!
 //! Every received datagram goes to the engine, which drops and counts (never answers) a bad
 //! ICRC, a malformed packet, an unknown QP, a QP in the wrong state or a source address other
-//! than the QP's peer, per cause (`Stats::rx_drops`): see [`UdpContext::device_stats`] and
-//! [`UdpQp::stats`]. The engine computes each packet's ICRC once, for the UDP source port it
-//! really leaves from (the device's socket port, `HcaConfig::source_port`).
+//! than the QP's peer, per cause (`Stats::rx_drops`): see [`UdpDevice::device_stats`] and
+//! [`emu_device::Qp::stats`]. The engine computes each packet's ICRC once, for the UDP source
+//! port it really leaves from (the device's socket port, `HcaConfig::source_port`).
 //!
 //! # Not done yet
 //!
@@ -105,19 +105,27 @@
 //! default: it would need either peers that ignore the IPv4 identification or the kernel not
 //! renumbering segments. Segmentation-aware captures on `lo`: a packet tap there sees a GSO
 //! send as one frame (the driver's own capture is per packet).
+//!
+//! # Handles
+//!
+//! The verbs handles are [`emu_device`]'s, named here by type aliases over the port
+//! [`UdpDevice`] ([`UdpContext`] is `emu_device::Context<UdpDevice>`, …). A context derefs to
+//! its device, so the device's methods (fault plans, capture, busy polling, socket
+//! information, counters) are called on the context as well. This crate depends on no other
+//! backend.
 #![deny(unsafe_code)]
 
 mod capture;
-mod engine;
 mod fault;
 pub mod oob;
 mod provider;
+mod runtime;
 mod socket;
 
-pub use engine::{DriverStats, POLL_HANDOFF, RX_BATCH, TX_BATCH};
 pub use fault::UNKNOWN_NODE;
 pub use provider::{
     DEFAULT_ADDR, DEFAULT_SOCKET_BUFFER, UdpBuilder, UdpChannel, UdpContext, UdpCq, UdpDevice,
     UdpMr, UdpPd, UdpProvider, UdpQp, UdpSrq,
 };
+pub use runtime::{DriverStats, POLL_HANDOFF, RX_BATCH, TX_BATCH};
 pub use socket::SocketInfo;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use emu_driver::UdpProvider;
+use emu_udp::UdpProvider;
 use verbs_api::RcConnectOptions;
 
 fn temp(name: &str) -> PathBuf {

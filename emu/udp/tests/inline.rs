@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use common::*;
-use emu_driver::{UdpMr, UdpProvider};
 use emu_fault::{FaultPlan, drop, duplicate};
+use emu_udp::{UdpMr, UdpProvider};
 use verbs_api::{
     CompletionQueue, MemoryRegion, QueuePair, RcConnectOptions, RecvWr, SendFlags, SendOp, SendWr,
     WcOpcode, WcStatus, WorkCompletion,

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use emu_driver::{UdpChannel, UdpContext, UdpCq, UdpMr, UdpPd, UdpProvider, UdpQp};
+use emu_udp::{UdpChannel, UdpContext, UdpCq, UdpMr, UdpPd, UdpProvider, UdpQp};
 use verbs_api::{
     AccessFlags, CompletionChannel, CompletionQueue, Context, Device, Provider, QpCap, QpInitAttr,
     QueuePair, RcConnectOptions, WorkCompletion, connect_rc,

@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
-use emu_driver::{DriverStats, UdpProvider};
 use emu_fault::FaultPlan;
+use emu_udp::{DriverStats, UdpProvider};
 use verbs_api::{
     Device, MemoryRegion, Mtu, Provider, QueuePair, RcConnectOptions, SendOp, SendWr, WcStatus,
 };

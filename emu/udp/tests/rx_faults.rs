@@ -7,15 +7,15 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use emu_driver::UdpProvider;
 use emu_fault::{FaultPlan, Link, NodeId, corrupt, delay, duplicate, hold};
+use emu_udp::UdpProvider;
 use verbs_api::{
     Device, MemoryRegion, Provider, QueuePair, RcConnectOptions, RecvWr, SendOp, SendWr, WcOpcode,
     WcStatus,
 };
 
 /// A device of its own provider (so the two sides share no configuration).
-fn lone(addr_: &str, builder: emu_driver::UdpBuilder) -> (UdpProvider, Node) {
+fn lone(addr_: &str, builder: emu_udp::UdpBuilder) -> (UdpProvider, Node) {
     let p = builder.device(addr(addr_)).build().unwrap();
     let ctx = p.devices().unwrap()[0].open().unwrap();
     (p, Node::new(ctx))

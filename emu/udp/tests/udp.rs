@@ -9,9 +9,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::*;
-use emu_driver::{UdpProvider, oob};
 use emu_fault::{FaultPlan, corrupt, delay, duplicate};
 use emu_proto::wire::{BthRepr, IpContext, Opcode, PacketRepr, Psn};
+use emu_udp::{UdpProvider, oob};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use verbs_api::{
@@ -704,4 +704,26 @@ fn ipv6_loopback() {
     let (a, b) = pair(&p, &RcConnectOptions::default());
     assert_eq!(a.ctx.query_gid(1, 0).unwrap().to_string(), "::1");
     write_and_verify(&a, &b, 16 * 1024, 8);
+}
+
+/// `next_completion` (written once in emu-device for every backend) waits on a UDP device
+/// too: it polls, pausing between empty polls, until the peer's ACK completes the WRITE.
+#[test]
+fn next_completion_waits_for_the_peer() {
+    let p = provider(&["127.0.0.1:0", "127.0.0.2:0"]);
+    let (a, b) = pair(&p, &RcConnectOptions::default());
+    let (src, dst) = (a.mr(64), b.mr(64));
+    src.write(0, b"next").unwrap();
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(7, write, &[src.sge(0, 4).unwrap()])])
+        .unwrap();
+    let wc = a.cq.next_completion().unwrap();
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
+    let mut got = [0u8; 4];
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"next");
+    p.shutdown();
 }

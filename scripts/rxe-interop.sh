@@ -62,7 +62,7 @@ say() { printf 'rxe-interop: %s\n' "$*" >&2; }
 cd "$ROOT"
 say "building softverbs ${CARGO_PROFILE_ARGS:-(debug)}"
 # shellcheck disable=SC2086
-BIN=$(cargo build -p softverbs --bin softverbs ${CARGO_PROFILE_ARGS:-} --message-format=json |
+BIN=$(cargo build -p softverbs-cli --bin softverbs ${CARGO_PROFILE_ARGS:-} --message-format=json |
   grep -o '"executable":"[^"]*softverbs"' | sed 's/^"executable":"//; s/"$//' | tail -1)
 [ -n "$BIN" ] && [ -x "$BIN" ] || { say "could not locate the softverbs binary"; exit 1; }
 if ldd "$BIN" | grep -q libibverbs; then

@@ -18,7 +18,7 @@ enum Command {
     /// over UDP under 5 % loss with node 1 paused and resumed, then every operation is verified
     /// from evidence. `--pair`: connect an RC QP pair between two devices of the selected
     /// provider (SOFTVERBS_PROVIDER) and print their attributes. Exit code: 0 pass.
-    Demo(Box<softverbs::demo::DemoArgs>),
+    Demo(Box<softverbs_cli::demo::DemoArgs>),
     /// Write a pcap of a scripted two-device RC exchange (every RC opcode, an ACK and the three
     /// kinds of NAK) that Wireshark decodes as RoCEv2.
     Capture {
@@ -29,49 +29,51 @@ enum Command {
     /// Run a workload on N node processes over UDP loopback, inject network and process
     /// faults, and check from evidence (MR files, completion logs) that nothing was lost,
     /// duplicated or reordered. Exit code: 0 pass, 1 violation, 2 bad input, 3 harness error.
-    Run(Box<softverbs::run::RunArgs>),
+    Run(Box<softverbs_cli::run::RunArgs>),
     /// Many short runs, each with a fault plan drawn from the seed (loss, duplication, jitter,
     /// corruption, loss storms and partitions that heal within the retry budget, a kill or a
     /// pause); a table of the runs and totals. Exit code: 0 all passed, 1 a violation, 2 bad
     /// flags, 3 a run could not start.
-    Campaign(Box<softverbs::run::campaign::CampaignArgs>),
+    Campaign(Box<softverbs_cli::run::campaign::CampaignArgs>),
     /// One node of `softverbs run` (started by the orchestrator; reads JSON lines on stdin).
     #[command(hide = true)]
     Node,
     /// perftest-shaped benchmarks (write_bw, write_lat, send_bw, send_lat, read_bw, read_lat,
     /// atomic_bw, atomic_lat, scale), optionally against raw UDP in the same run
     /// (`--baseline`). Exit code: 0 done, 1 failed, 2 bad flags.
-    Perf(Box<softverbs::perf::PerfArgs>),
+    Perf(Box<softverbs_cli::perf::PerfArgs>),
     /// ibv_rc_pingpong on any provider, compatible on the wire and on the command line: server
     /// without HOST, client with it (e.g. against Linux rxe). Exit code: 0 done, 1 failed.
-    Pingpong(Box<softverbs::interop::pingpong::PingpongArgs>),
+    Pingpong(Box<softverbs_cli::interop::pingpong::PingpongArgs>),
     /// RDMA WRITE/READ, WRITE/SEND_WITH_IMM and atomics in both directions between two
     /// processes (server without HOST), every result verified on both sides. Exit code: 0 all
     /// passed.
-    RdmaCheck(Box<softverbs::interop::rdma_check::RdmaCheckArgs>),
+    RdmaCheck(Box<softverbs_cli::interop::rdma_check::RdmaCheckArgs>),
     /// Verify the ICRC of every RoCEv2 packet of a pcap (taken on the wire) over its real
     /// IPv4/UDP headers. Exit code: 0 all valid.
-    IcrcCheck(Box<softverbs::interop::icrc_check::IcrcCheckArgs>),
+    IcrcCheck(Box<softverbs_cli::interop::icrc_check::IcrcCheckArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => return ExitCode::from(softverbs::run::run(&args)),
+        Command::Run(args) => return ExitCode::from(softverbs_cli::run::run(&args)),
         Command::Campaign(args) => {
-            return ExitCode::from(softverbs::run::campaign::campaign(&args));
+            return ExitCode::from(softverbs_cli::run::campaign::campaign(&args));
         }
-        Command::Demo(args) => return ExitCode::from(softverbs::demo::main(&args)),
-        Command::Node => return softverbs::run::node_main(),
-        Command::Perf(args) => return ExitCode::from(softverbs::perf::run(*args)),
-        Command::Pingpong(args) => return ExitCode::from(softverbs::interop::pingpong::run(&args)),
+        Command::Demo(args) => return ExitCode::from(softverbs_cli::demo::main(&args)),
+        Command::Node => return softverbs_cli::run::node_main(),
+        Command::Perf(args) => return ExitCode::from(softverbs_cli::perf::run(*args)),
+        Command::Pingpong(args) => {
+            return ExitCode::from(softverbs_cli::interop::pingpong::run(&args));
+        }
         Command::RdmaCheck(args) => {
-            return ExitCode::from(softverbs::interop::rdma_check::run(&args));
+            return ExitCode::from(softverbs_cli::interop::rdma_check::run(&args));
         }
         Command::IcrcCheck(args) => {
-            return ExitCode::from(softverbs::interop::icrc_check::run(&args));
+            return ExitCode::from(softverbs_cli::interop::icrc_check::run(&args));
         }
-        Command::Capture { out } => softverbs::capture::write_demo_capture(&out)
+        Command::Capture { out } => softverbs_cli::capture::write_demo_capture(&out)
             .map(|summary| {
                 println!(
                     "wrote {} packets to {}",

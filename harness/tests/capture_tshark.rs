@@ -12,7 +12,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 
 use emu_proto::wire::{ALL_RC, IpAddrs, IpContext, NakCode, Opcode, Syndrome, check_icrc};
-use softverbs::capture::{CaptureSummary, NODE_A, NODE_B, write_demo_capture};
+use softverbs_cli::capture::{CaptureSummary, NODE_A, NODE_B, write_demo_capture};
 
 /// Opcodes the engine never emits: `verbs_api` has no SEND_WITH_INV work request.
 const NOT_EMITTED: [Opcode; 2] = [

@@ -7,6 +7,7 @@
 //! structs are compared member by member (`verbs_context` relative to its end).
 
 #![cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::mem::{offset_of, size_of};
 use std::path::Path;

@@ -229,6 +229,16 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         match c.udp.create_comp_channel() {
             Ok(udp) => {
                 use std::os::fd::AsRawFd;
+                // libibverbs' channel fd blocks until the application makes it non-blocking;
+                // the device's is non-blocking, and only ever read when a byte is pending.
+                let fd = udp.as_raw_fd();
+                // SAFETY: F_GETFL/F_SETFL on the channel's live descriptor.
+                unsafe {
+                    let fl = libc::fcntl(fd, libc::F_GETFL);
+                    if fl >= 0 {
+                        libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+                    }
+                }
                 let ch = ibv_comp_channel {
                     context,
                     fd: udp.as_raw_fd(),
@@ -521,11 +531,13 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                     Ok(Some(h)) => break h,
                     Ok(None) => wait_readable(fd),
                     Err(e) => {
+                        crate::debug(|| format!("ibv_get_cq_event: wait: {e}"));
                         set_errno(e.errno());
                         return -1;
                     }
                 },
                 Err(e) => {
+                    crate::debug(|| format!("ibv_get_cq_event: {e}"));
                     set_errno(e.errno());
                     return -1;
                 }
@@ -535,6 +547,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let found = unsafe { udp_context(context) }
             .and_then(|c| c.maps.lock().ok().and_then(|m| m.cqs.get(&handle).copied()));
         let Some(p) = found else {
+            crate::debug(|| format!("ibv_get_cq_event: event for unknown CQ handle {handle}"));
             set_errno(libc::EINVAL);
             return -1;
         };

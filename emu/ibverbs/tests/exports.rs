@@ -13,13 +13,16 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Versioned symbols `(name, version)` and version nodes.
+type Exports = (BTreeSet<(String, String)>, BTreeSet<String>);
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// `(name, version)` pairs of the committed list, the default version of each name (or its
 /// only one), and the version nodes.
-fn expected() -> (BTreeSet<(String, String)>, BTreeSet<String>) {
+fn expected() -> Exports {
     let text =
         std::fs::read_to_string(root().join("emu/ibverbs/libibverbs-44-exports.txt")).unwrap();
     let mut default = std::collections::BTreeMap::new();
@@ -43,7 +46,7 @@ fn expected() -> (BTreeSet<(String, String)>, BTreeSet<String>) {
 
 /// `nm -D --defined-only` of `lib`: versioned symbols and version-definition nodes, or `None`
 /// when nm cannot run.
-fn nm(lib: &Path) -> Option<(BTreeSet<(String, String)>, BTreeSet<String>)> {
+fn nm(lib: &Path) -> Option<Exports> {
     let out = Command::new("nm")
         .args(["-D", "--defined-only"])
         .arg(lib)
@@ -57,7 +60,7 @@ fn nm(lib: &Path) -> Option<(BTreeSet<(String, String)>, BTreeSet<String>)> {
             continue;
         };
         match sym.split_once('@') {
-            Some((name, ver)) if name.is_empty() => {
+            Some(("", ver)) => {
                 nodes.insert(ver.trim_start_matches('@').to_string());
             }
             Some((name, ver)) if name == ver.trim_start_matches('@') => {

@@ -482,6 +482,11 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
                 break;
             }
         }
+        if done == 0 && want > 0 {
+            // A busy-polling application on a loaded machine: let the peer (often another
+            // process on the same host) run.
+            std::thread::yield_now();
+        }
         c_int::try_from(done).unwrap_or(c_int::MAX)
     })
 }
@@ -597,6 +602,7 @@ fn cq_advance(cq: *mut ibv_cq_ex, first: bool) -> c_int {
         cur.buf.truncate(n);
         cur.pos = 0;
         if n == 0 {
+            std::thread::yield_now();
             return libc::ENOENT;
         }
     }

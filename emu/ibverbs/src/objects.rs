@@ -329,9 +329,14 @@ fn new_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
 ) -> Result<*mut SvCq, c_int> {
     // SAFETY: a context we opened (or NULL).
     let c = unsafe { udp_context(context) }.ok_or(libc::EINVAL)?;
+    // SAFETY: same context; `num_comp_vectors` is a public field set at open.
+    if comp_vector < 0 || comp_vector >= unsafe { (*context).num_comp_vectors } {
+        return Err(libc::EINVAL);
+    }
     let cqe = u32::try_from(cqe).map_err(|_| libc::EINVAL)?;
     // SAFETY: a live channel of ours (or NULL).
     let ch = unsafe { channel_udp(channel) };
@@ -367,10 +372,10 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard(std::ptr::null_mut(), || {
-        match new_cq(context, cqe, cq_context, channel) {
+        match new_cq(context, cqe, cq_context, channel, comp_vector) {
             Ok(sv) => sv.cast(),
             Err(e) => null_with(e),
         }
@@ -400,7 +405,10 @@ pub unsafe extern "C" fn create_cq_ex(
         let Ok(cqe) = c_int::try_from(a.cqe) else {
             return null_with(libc::EINVAL);
         };
-        match new_cq(context, cqe, a.cq_context, a.channel) {
+        let Ok(vector) = c_int::try_from(a.comp_vector) else {
+            return null_with(libc::EINVAL);
+        };
+        match new_cq(context, cqe, a.cq_context, a.channel, vector) {
             Ok(sv) => sv.cast(),
             Err(e) => null_with(e),
         }
@@ -867,7 +875,7 @@ pub struct SvAh {
     attr: ibv_ah_attr,
 }
 
-/// `ibv_create_ah`: stores the attributes.
+/// `ibv_create_ah`: stores the attributes; `EINVAL` without a GRH (RoCE needs one).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard(std::ptr::null_mut(), || {
@@ -876,6 +884,10 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         }
         // SAFETY: a live PD and the caller's attribute struct.
         let (context, attr) = unsafe { ((*pd).context, *attr) };
+        // Every softverbs port is RoCE: an address needs the GRH (the peer's GID).
+        if attr.is_global == 0 {
+            return null_with(libc::EINVAL);
+        }
         let ah = ibv_ah {
             context,
             pd,

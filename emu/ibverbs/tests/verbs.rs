@@ -641,6 +641,39 @@ fn srq_receives_for_its_qps() {
         let qp = ibv_create_qp(pd, &mut qinit);
         assert!(!qp.is_null());
         assert_eq!(ibv_destroy_srq(srq), libc::EBUSY);
+
+        // A QP of an SRQ moved to ERR raises LAST_WQE_REACHED on the context's async_fd.
+        let mut attr = ibv_qp_attr {
+            qp_state: 1,
+            port_num: 1,
+            ..Default::default()
+        };
+        assert_eq!(ibv_modify_qp(qp, &mut attr, 1 | 8 | 16 | 32), 0);
+        let mut attr = ibv_qp_attr {
+            qp_state: 6,
+            ..Default::default()
+        };
+        assert_eq!(ibv_modify_qp(qp, &mut attr, 1), 0);
+        let mut p = libc::pollfd {
+            fd: (*ctx).async_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(
+            libc::poll(&mut p, 1, 5000),
+            1,
+            "async_fd never became readable"
+        );
+        let mut ev: ibv_async_event = std::mem::zeroed();
+        assert_eq!(ibv_get_async_event(ctx, &mut ev), 0);
+        assert_eq!(ev.event_type, 16);
+        assert_eq!(ev.element.qp, qp);
+        ibv_ack_async_event(&mut ev);
+        // Non-blocking async_fd with nothing pending: EAGAIN.
+        let fl = libc::fcntl((*ctx).async_fd, libc::F_GETFL);
+        libc::fcntl((*ctx).async_fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        assert_eq!(ibv_get_async_event(ctx, &mut ev), -1);
+        assert_eq!(errno(), libc::EAGAIN);
         assert_eq!(ibv_destroy_qp(qp), 0);
         assert_eq!(ibv_destroy_srq(srq), 0);
         assert_eq!(ibv_destroy_cq(cq), 0);

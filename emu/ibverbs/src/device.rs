@@ -10,7 +10,8 @@
 //!   by GID (`::ffff:127.x.y.z` → `127.x.y.z:4791`);
 //! * `SOFTVERBS_FAULTS=plan.toml`: a fault plan (emu-fault's TOML) every device applies to what
 //!   it sends; `SOFTVERBS_PCAP=file.pcap`: a capture of the devices' traffic, completed at exit;
-//!   `SOFTVERBS_SEED`: the key generators' seed.
+//!   `SOFTVERBS_SEED`: the key generators' seed; `SOFTVERBS_BUSY_POLL=1`: progress threads
+//!   spin (for programs that wait on memory, like `ib_write_lat`).
 //!
 //! Devices are named `softverbs0`, `softverbs1`, …: node type CA, transport IB, one port with
 //! link layer Ethernet whose GID 0 is the device address, IPv4-mapped, of type RoCE v2. They
@@ -45,6 +46,10 @@ pub const FAULTS_ENV: &str = "SOFTVERBS_FAULTS";
 pub const PCAP_ENV: &str = "SOFTVERBS_PCAP";
 /// Environment variable: the seed of the devices' key generators.
 pub const SEED_ENV: &str = "SOFTVERBS_SEED";
+/// Environment variable: `1` starts the devices in busy-poll mode (their progress threads
+/// spin while no application thread polls), for programs that wait by spinning on memory
+/// rather than on a CQ, as `ib_write_lat` does.
+pub const BUSY_POLL_ENV: &str = "SOFTVERBS_BUSY_POLL";
 /// Loopback addresses tried by the zero configuration before giving up.
 pub const ZERO_CONFIG_ATTEMPTS: u32 = 64;
 
@@ -101,6 +106,9 @@ fn base_builder() -> Result<emu_driver::UdpBuilder, String> {
     }
     if let Ok(path) = std::env::var(PCAP_ENV) {
         b = b.capture(path);
+    }
+    if std::env::var(BUSY_POLL_ENV).is_ok_and(|v| v.trim() == "1") {
+        b = b.busy_poll(true);
     }
     if let Ok(seed) = std::env::var(SEED_ENV) {
         let seed = seed

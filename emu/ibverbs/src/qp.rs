@@ -19,7 +19,7 @@ use verbs_api::{
 
 use crate::device::udp_context;
 use crate::objects::{cq_inner, pd_udp, srq_udp};
-use crate::{convert, guard, null_with, set_errno};
+use crate::{convert, guard, null_with};
 
 /// `IBV_SEND_INLINE`.
 const SEND_INLINE: u32 = 1 << 3;
@@ -308,7 +308,8 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 }
 
 /// `ibv_modify_qp`: the mask rules of rc-transport.md §5.1 (a missing or extra bit, an illegal
-/// transition → `EINVAL`; an unknown bit → `EOPNOTSUPP`).
+/// transition → `EINVAL`; an unknown bit → `EOPNOTSUPP`); an address vector without a GRH is
+/// `EINVAL` (every port is RoCE).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_modify_qp(
     qp: *mut ibv_qp,
@@ -325,6 +326,11 @@ pub unsafe extern "C" fn ibv_modify_qp(
         }
         // SAFETY: the caller's attribute struct.
         let c = unsafe { *attr };
+        // RoCE: the address vector must carry the GRH, whose GID names the peer (as rxe
+        // requires).
+        if attr_mask & (1 << 7) != 0 && c.ah_attr.is_global == 0 {
+            return libc::EINVAL;
+        }
         let (a, mask) = match convert::qp_attr_from(&c, attr_mask) {
             Ok(v) => v,
             Err(e) => return e.errno(),
@@ -428,7 +434,7 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(
 /// # Safety
 ///
 /// `sg_list` holds `num_sge` entries when `num_sge > 0`.
-unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'static [ibv_sge], c_int> {
+unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'a [ibv_sge], c_int> {
     let n = usize::try_from(num_sge).map_err(|_| libc::EINVAL)?;
     if n == 0 {
         return Ok(&[]);
@@ -860,11 +866,4 @@ unsafe extern "C" fn wr_atomic_write(
     _wr: *const c_void,
 ) {
     fail_wr(qp, libc::EOPNOTSUPP);
-}
-
-/// Sets errno for a QP-less failure (kept for symmetry with the other modules).
-#[allow(dead_code)]
-fn fail(e: c_int) -> c_int {
-    set_errno(e);
-    e
 }

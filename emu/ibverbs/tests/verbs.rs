@@ -566,6 +566,25 @@ fn bad_use_gets_libibverbs_errors() {
             ..Default::default()
         };
         assert_eq!(ibv_modify_qp(n.qp, &mut attr, 1), libc::EINVAL);
+        // RoCE needs the GRH in the address vector.
+        let mut attr = ibv_qp_attr {
+            qp_state: 1,
+            port_num: 1,
+            ..Default::default()
+        };
+        assert_eq!(ibv_modify_qp(n.qp, &mut attr, 1 | 8 | 16 | 32), 0);
+        let mut attr = ibv_qp_attr {
+            qp_state: 2,
+            path_mtu: 3,
+            dest_qp_num: 1,
+            max_dest_rd_atomic: 1,
+            ..Default::default()
+        };
+        attr.ah_attr.port_num = 1;
+        let rtr = 1 | (1 << 7) | (1 << 8) | (1 << 20) | (1 << 12) | (1 << 17) | (1 << 15);
+        assert_eq!(ibv_modify_qp(n.qp, &mut attr, rtr), libc::EINVAL);
+        let mut ah_attr = attr.ah_attr;
+        assert!(ibv_create_ah(n.pd, &mut ah_attr).is_null());
         // UD QPs, iova != addr, multicast and the provider-private calls are not supported.
         let mut init = ibv_qp_init_attr {
             qp_context: null_mut(),

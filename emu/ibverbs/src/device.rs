@@ -26,7 +26,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::mem::offset_of;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -367,6 +367,9 @@ pub struct SvContext {
 /// may write).
 pub(crate) struct CtxInner {
     pub(crate) udp: UdpContext,
+    /// Objects created from the context and not destroyed: while there are any, closing the
+    /// context frees nothing their destroy calls would read.
+    live: AtomicUsize,
     pub(crate) maps: Mutex<ObjMaps>,
     pub(crate) events: Arc<AsyncShared>,
     watcher: Mutex<Option<JoinHandle<()>>>,
@@ -394,6 +397,30 @@ pub(crate) unsafe fn udp_context<'a>(ctx: *mut ibv_context) -> Option<&'a CtxInn
     }
     // SAFETY: per the contract, `sv` is a live SvContext; only the private part is borrowed.
     Some(unsafe { &(*sv).inner })
+}
+
+/// Counts an object created from `ctx` (see [`ibv_close_device`]).
+///
+/// # Safety
+///
+/// `ctx` is NULL or a context this library opened.
+pub(crate) unsafe fn retain(ctx: *mut ibv_context) {
+    // SAFETY: per the contract.
+    if let Some(c) = unsafe { udp_context(ctx) } {
+        c.live.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Uncounts an object of `ctx` being destroyed.
+///
+/// # Safety
+///
+/// `ctx` is NULL or a context this library opened (kept alive while it has objects).
+pub(crate) unsafe fn release(ctx: *mut ibv_context) {
+    // SAFETY: per the contract.
+    if let Some(c) = unsafe { udp_context(ctx) } {
+        c.live.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 fn fill_ops(ops: &mut ibv_context_ops) {
@@ -434,6 +461,7 @@ fn new_context(dev: *mut SvDevice) -> Result<*mut SvContext, i32> {
         vctx,
         inner: CtxInner {
             udp,
+            live: AtomicUsize::new(0),
             maps: Mutex::new(ObjMaps::default()),
             events,
             watcher: Mutex::new(Some(watcher)),
@@ -457,8 +485,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     })
 }
 
-/// `ibv_close_device`: stops the watcher and frees the context. Objects still open become
-/// invalid, as with libibverbs.
+/// `ibv_close_device`: stops the watcher and frees the context. A context that still has
+/// objects is only stopped, not freed, so that destroying them later stays defined (libibverbs
+/// leaves that undefined); its memory is leaked.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     guard(libc::EIO, || {
@@ -472,7 +501,11 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         if let Some(h) = sv.inner.watcher.lock().ok().and_then(|mut w| w.take()) {
             let _ = h.join();
         }
-        drop(sv);
+        let live = sv.inner.live.load(Ordering::Acquire);
+        if live > 0 {
+            crate::debug(|| format!("ibv_close_device: {live} objects still open; not freed"));
+            Box::leak(sv);
+        }
         0
     })
 }

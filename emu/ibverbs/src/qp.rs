@@ -17,7 +17,7 @@ use verbs_api::{
     Context, PostError, QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
 };
 
-use crate::device::udp_context;
+use crate::device::{release, retain, udp_context};
 use crate::objects::{cq_inner, pd_udp, srq_udp};
 use crate::{convert, guard, null_with};
 
@@ -233,6 +233,8 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
     if let Ok(mut m) = c.maps.lock() {
         m.qps.insert(qpn, sv as usize);
     }
+    // SAFETY: the PD's live context.
+    unsafe { retain(context) };
     Ok(sv)
 }
 
@@ -405,6 +407,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         {
             m.qps.remove(&qpn);
         }
+        // SAFETY: as above.
+        unsafe { release((*qp).context) };
         // SAFETY: allocated by new_qp; the caller gives it up.
         drop(unsafe { Box::from_raw(qp.cast::<SvQp>()) });
         0

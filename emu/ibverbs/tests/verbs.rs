@@ -609,6 +609,18 @@ fn bad_use_gets_libibverbs_errors() {
 }
 
 #[test]
+fn closing_a_context_with_objects_keeps_their_destroy_defined() {
+    let ctx = open(1);
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 4, null_mut(), null_mut(), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+    }
+}
+
+#[test]
 fn srq_receives_for_its_qps() {
     let ctx = open(0);
     unsafe {

@@ -489,6 +489,17 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
             return -libc::EINVAL;
         }
         let mut done = 0usize;
+        // Completions an ibv_start_poll/ibv_next_poll session took from the device but did not
+        // consume come first.
+        if let Ok(mut cur) = inner.cursor.lock() {
+            while done < want && cur.pos < cur.buf.len() {
+                let w = cur.buf[cur.pos];
+                // SAFETY: the caller's array has `num_entries` entries; done < want.
+                unsafe { wc.add(done).write(convert::wc_to(&w)) };
+                cur.pos += 1;
+                done += 1;
+            }
+        }
         let mut buf = [WorkCompletion::default(); CQ_POLL_BATCH];
         while done < want {
             let chunk = (want - done).min(CQ_POLL_BATCH);

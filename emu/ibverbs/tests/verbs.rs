@@ -449,6 +449,26 @@ fn qp_ex_builder_and_cq_ex_polling() {
         assert_eq!(u32::from_be(wc[0].imm_data), 99);
         assert_eq!(&b.buf[1000..1007], b"inline!");
 
+        // A session that stops after one completion leaves the rest to ibv_poll_cq.
+        ((*qpx).wr_start.unwrap())(qpx);
+        for id in 21..24 {
+            (*qpx).wr_id = id;
+            ((*qpx).wr_rdma_write.unwrap())(qpx, b_rkey, b.addr() + 80);
+            ((*qpx).wr_set_sge.unwrap())(qpx, (*a.mr).lkey, a.addr(), 8);
+        }
+        assert_eq!(((*qpx).wr_complete.unwrap())(qpx), 0);
+        std::thread::sleep(Duration::from_millis(50));
+        let mut pattr = ibv_poll_cq_attr { comp_mask: 0 };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ((*cqx).start_poll.unwrap())(cqx, &mut pattr) == libc::ENOENT {
+            assert!(Instant::now() < deadline);
+        }
+        let first = (*cqx).wr_id;
+        ((*cqx).end_poll.unwrap())(cqx);
+        let mut ids: Vec<u64> = a.poll(2).iter().map(|w| w.wr_id).collect();
+        ids.insert(0, first);
+        assert_eq!(ids, vec![21, 22, 23]);
+
         // An unsupported op poisons the batch; wr_abort discards it.
         ((*qpx).wr_start.unwrap())(qpx);
         ((*qpx).wr_set_ud_addr.unwrap())(qpx, null_mut(), 1, 1);

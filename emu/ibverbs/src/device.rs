@@ -320,26 +320,26 @@ impl AsyncShared {
         })
     }
 
+    /// Queues an event and counts it on the eventfd; under the queue lock, so that the count
+    /// always equals the queue length between calls.
     fn push(&self, ev: AsyncEvent) {
-        if let Ok(mut q) = self.queue.lock() {
-            q.push_back(ev);
-        }
+        let Ok(mut q) = self.queue.lock() else {
+            return;
+        };
+        q.push_back(ev);
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
     }
 
+    /// Takes the oldest event and uncounts it. The count is at least 1 while the queue is not
+    /// empty (both change under the lock), so the read never blocks.
     fn pop(&self) -> Option<AsyncEvent> {
-        let ev = self.queue.lock().ok()?.pop_front()?;
+        let mut q = self.queue.lock().ok()?;
+        let ev = q.pop_front()?;
         let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64; a non-blocking read of a semaphore eventfd
-        // that raced to 0 just fails with EAGAIN.
-        unsafe {
-            let fl = libc::fcntl(self.fd.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(self.fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
-            libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8);
-            libc::fcntl(self.fd.as_raw_fd(), libc::F_SETFL, fl);
-        }
+        // SAFETY: reads 8 bytes into a live u64 from our eventfd (semaphore mode: takes 1).
+        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
         Some(ev)
     }
 }

@@ -11,7 +11,8 @@
 //! * `SOFTVERBS_FAULTS=plan.toml`: a fault plan (emu-fault's TOML) every device applies to what
 //!   it sends; `SOFTVERBS_PCAP=file.pcap`: a capture of the devices' traffic, completed at exit;
 //!   `SOFTVERBS_SEED`: the key generators' seed; `SOFTVERBS_BUSY_POLL=1`: progress threads
-//!   spin (for programs that wait on memory, like `ib_write_lat`).
+//!   spin (for programs that wait on memory, like `ib_write_lat`);
+//!   `SOFTVERBS_FOREIGN_IPV4_IDENT=1`: accept rxe's and NICs' packets (interop).
 //!
 //! Devices are named `softverbs0`, `softverbs1`, …: node type CA, transport IB, one port with
 //! link layer Ethernet whose GID 0 is the device address, IPv4-mapped, of type RoCE v2. They
@@ -50,6 +51,9 @@ pub const SEED_ENV: &str = "SOFTVERBS_SEED";
 /// spin while no application thread polls), for programs that wait by spinning on memory
 /// rather than on a CQ, as `ib_write_lat` does.
 pub const BUSY_POLL_ENV: &str = "SOFTVERBS_BUSY_POLL";
+/// Environment variable: `1` accepts packets of peers with an unknown IPv4 identification
+/// (Linux rxe, RoCEv2 NICs; `UdpBuilder::foreign_ipv4_ident`), for interop with them.
+pub const FOREIGN_IPV4_IDENT_ENV: &str = "SOFTVERBS_FOREIGN_IPV4_IDENT";
 /// Loopback addresses tried by the zero configuration before giving up.
 pub const ZERO_CONFIG_ATTEMPTS: u32 = 64;
 
@@ -107,8 +111,12 @@ fn base_builder() -> Result<emu_driver::UdpBuilder, String> {
     if let Ok(path) = std::env::var(PCAP_ENV) {
         b = b.capture(path);
     }
-    if std::env::var(BUSY_POLL_ENV).is_ok_and(|v| v.trim() == "1") {
+    let on = |var| std::env::var(var).is_ok_and(|v| v.trim() == "1");
+    if on(BUSY_POLL_ENV) {
         b = b.busy_poll(true);
+    }
+    if on(FOREIGN_IPV4_IDENT_ENV) {
+        b = b.foreign_ipv4_ident(true);
     }
     if let Ok(seed) = std::env::var(SEED_ENV) {
         let seed = seed

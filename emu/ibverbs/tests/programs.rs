@@ -1,6 +1,6 @@
 //! Unmodified rdma-core programs on the built library: `ibv_devinfo -v` and an
 //! `ibv_rc_pingpong` server/client pair (two processes, zero configuration: each binds its
-//! own 127.x.y.z:4791).
+//! own 127.x.y.z:4791), and `tests/c/extended.c`, a C program of the extended verbs.
 //!
 //! Needs `scripts/build-libibverbs.sh` to have run and Debian's `ibverbs-utils`; skipped
 //! loudly otherwise.
@@ -141,4 +141,59 @@ fn ibv_rc_pingpong_server_and_client() {
         );
         assert!(show(&client).contains("50 iters in"), "{}", show(&client));
     }
+}
+
+/// `tests/c/extended.c`, compiled against the installed `verbs.h` and linked with the built
+/// library: the header's inline dispatch (`ibv_create_qp_ex`, `ibv_wr_*`, `ibv_start_poll`, …)
+/// reaches this library's function pointers.
+#[test]
+fn c_program_uses_the_extended_verbs_through_the_header() {
+    let Some(lib) = lib_dir() else {
+        return;
+    };
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!(
+            "SKIPPED: /usr/include/infiniband/verbs.h is absent (apt-get install libibverbs-dev)"
+        );
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/extended.c");
+    let dir = std::env::temp_dir().join(format!("softverbs-ibverbs-c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("extended");
+    let built = Command::new("cc")
+        .arg("-Wall")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-libverbs")
+        .output();
+    let built = match built {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot run cc: {e}");
+            return;
+        }
+    };
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let child = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("SOFTVERBS_UDP_ADDRS", "127.0.93.1,127.0.93.2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait(child, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success() && out.stdout == b"ok\n",
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -2,7 +2,8 @@
 //! `ibv_rc_pingpong` server/client pair (two processes, zero configuration: each binds its
 //! own 127.x.y.z:4791), and `tests/c/extended.c`, a C program of the extended verbs.
 //!
-//! Needs `scripts/build-libibverbs.sh` to have run and Debian's `ibverbs-utils`; skipped
+//! Needs `scripts/build-libibverbs.sh` to have run (its output directory: `LIBIBVERBS_DIR`,
+//! default `target/libibverbs`) and Debian's `ibverbs-utils`; skipped
 //! loudly otherwise.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,7 +13,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn lib_dir() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/libibverbs");
+    let dir = std::env::var_os("LIBIBVERBS_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/libibverbs"),
+        PathBuf::from,
+    );
     if dir.join("libibverbs.so.1").exists() {
         Some(dir)
     } else {

@@ -540,6 +540,22 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
     })
 }
 
+/// The CQ handle of the channel's next event: waits unless `fd` is non-blocking (`EAGAIN`).
+fn next_cq_event(udp: &UdpChannel, fd: c_int) -> Result<u32, c_int> {
+    loop {
+        match udp.get_cq_event() {
+            Ok(Some(h)) => return Ok(h),
+            Ok(None) if fd_nonblocking(fd) => return Err(libc::EAGAIN),
+            Ok(None) => match udp.wait_cq_event(None) {
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) => wait_readable(fd),
+                Err(e) => return Err(e.errno()),
+            },
+            Err(e) => return Err(e.errno()),
+        }
+    }
+}
+
 /// `ibv_get_cq_event`: the CQ of the next event on `channel` and its `cq_context`; blocks
 /// unless the channel's fd was made non-blocking (then −1 with `EAGAIN`).
 #[unsafe(no_mangle)]
@@ -560,36 +576,22 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         }
         // SAFETY: a live channel records its fd and context.
         let (fd, context) = unsafe { ((*channel).fd, (*channel).context) };
-        let handle = loop {
-            match udp.get_cq_event() {
-                Ok(Some(h)) => break h,
-                Ok(None) if fd_nonblocking(fd) => {
-                    set_errno(libc::EAGAIN);
-                    return -1;
-                }
-                Ok(None) => match udp.wait_cq_event(None) {
-                    Ok(Some(h)) => break h,
-                    Ok(None) => wait_readable(fd),
-                    Err(e) => {
-                        crate::debug(|| format!("ibv_get_cq_event: wait: {e}"));
-                        set_errno(e.errno());
-                        return -1;
-                    }
-                },
+        // Events of CQs destroyed since are skipped.
+        let p = loop {
+            let handle = match next_cq_event(udp, fd) {
+                Ok(h) => h,
                 Err(e) => {
-                    crate::debug(|| format!("ibv_get_cq_event: {e}"));
-                    set_errno(e.errno());
+                    set_errno(e);
                     return -1;
                 }
+            };
+            // SAFETY: a live channel's context is live.
+            let found = unsafe { udp_context(context) }
+                .and_then(|c| c.maps.lock().ok().and_then(|m| m.cqs.get(&handle).copied()));
+            match found {
+                Some(p) => break p,
+                None => crate::debug(|| format!("ibv_get_cq_event: dropped event of CQ {handle}")),
             }
-        };
-        // SAFETY: a live channel's context is live.
-        let found = unsafe { udp_context(context) }
-            .and_then(|c| c.maps.lock().ok().and_then(|m| m.cqs.get(&handle).copied()));
-        let Some(p) = found else {
-            crate::debug(|| format!("ibv_get_cq_event: event for unknown CQ handle {handle}"));
-            set_errno(libc::EINVAL);
-            return -1;
         };
         let p = p as *mut ibv_cq;
         // SAFETY: the caller's out-pointers; `p` is a live CQ (in the map until destroyed).

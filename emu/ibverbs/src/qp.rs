@@ -1,7 +1,7 @@
 //! Queue pairs: create (classic and `ibv_create_qp_ex`), modify, query, destroy, posting
 //! through the context's ops table, and the `ibv_qp_ex` work-request builder (`ibv_wr_*`).
 //!
-//! Both posting paths collect work requests into a [`Batch`] (SGEs and inline bytes copied
+//! Both posting paths collect work requests into a `Batch` (SGEs and inline bytes copied
 //! into two flat vectors, so a post allocates nothing once the thread's batch has grown) and
 //! post it with one `post_send` of the UDP QP. Only RC is offered; UD, UC, XRC, memory
 //! windows, TSO and invalidation answer `EOPNOTSUPP`.

@@ -61,6 +61,8 @@ pub const ZERO_CONFIG_ATTEMPTS: u32 = 64;
 const IBV_NODE_CA: c_int = 1;
 /// `IBV_TRANSPORT_IB`.
 const IBV_TRANSPORT_IB: c_int = 0;
+/// Bytes of rdma-core's `_compat_ibv_port_attr` (members up to `flags`, padded).
+const COMPAT_PORT_ATTR_SIZE: usize = std::mem::offset_of!(ibv_port_attr, port_cap_flags2);
 /// How often a context's watcher thread looks for asynchronous events.
 const ASYNC_POLL: Duration = Duration::from_millis(20);
 
@@ -625,8 +627,9 @@ pub unsafe extern "C" fn query_port_ex(
     })
 }
 
-/// `ibv_query_port@IBVERBS_1.1`, for programs built without the macro: writes the
-/// rdma-core 44 prefix.
+/// `ibv_query_port@IBVERBS_1.1`, for programs built without the macro and the macro's
+/// fallback: the struct is rdma-core's `_compat_ibv_port_attr`, which ends with `flags`, so
+/// only that prefix (48 bytes) is written.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_port(
     context: *mut ibv_context,
@@ -634,7 +637,7 @@ pub unsafe extern "C" fn ibv_query_port(
     port_attr: *mut ibv_port_attr,
 ) -> c_int {
     // SAFETY: same contract, with the old struct size.
-    unsafe { query_port_ex(context, port_num, port_attr, IBV_PORT_ATTR_SIZE_V44) }
+    unsafe { query_port_ex(context, port_num, port_attr, COMPAT_PORT_ATTR_SIZE) }
 }
 
 fn gid_of(context: *mut ibv_context, port_num: u8, index: u32) -> Result<ibv_gid, c_int> {

@@ -294,6 +294,11 @@ fn devices_ports_and_gids() {
         assert_eq!(pa.state, 4);
         assert_eq!(pa.link_layer, 2);
         assert_eq!(q(ctx, 2, port.as_mut_ptr().cast(), 52), libc::EINVAL);
+        // The exported 3-argument call fills rdma-core's compat struct (up to `flags`).
+        let mut port = [0xAAu8; 64];
+        assert_eq!(ibv_query_port(ctx, 1, port.as_mut_ptr().cast()), 0);
+        assert!(port[48..].iter().all(|b| *b == 0xAA));
+        assert_eq!(port[46], 2);
 
         let mut gid = ibv_gid::default();
         assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);

@@ -5,4 +5,4 @@
 
 pub(crate) mod loader;
 pub(crate) mod safe;
-pub(crate) mod sys;
+pub(crate) use ibverbs_sys as sys;

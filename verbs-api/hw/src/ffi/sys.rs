@@ -278,7 +278,7 @@ pub(crate) struct ibv_send_wr_atomic {
     pub(crate) rkey: u32,
 }
 
-/// `wr.ud` of `ibv_send_wr` (declared for the union's size; UD is not posted).
+/// `wr.ud` of `ibv_send_wr`: the `ibv_ah` pointer, remote QPN and Q_Key of a UD send.
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub(crate) struct ibv_send_wr_ud {

@@ -1177,6 +1177,15 @@ impl QueuePair for HwQp {
                 ));
             }
         }
+        if self.0.qp_type == QpType::Ud {
+            // A UD WR without an AH would hand the provider a null `ibv_ah`.
+            if let Some(i) = wrs.iter().position(|w| w.ud.is_none()) {
+                return Err(PostError::new(
+                    i,
+                    Error::invalid("a UD send needs an AH, remote QPN and Q_Key"),
+                ));
+            }
+        }
         // The read lock keeps every AH named by the chain alive across the post.
         let ahs = read(&self.0.ctx.ahs);
         qp.post_send(wrs, &|h| ahs.get(&h).map(|a| a.as_ptr()))

@@ -393,7 +393,7 @@ macro_rules! __conformance_cases {
                 ud_post_rdma_read_rejected,
                 ud_post_atomic_rejected,
                 ud_post_without_ah_rejected,
-                ud_post_above_mtu_rejected,
+                ud_send_above_mtu_not_emitted,
                 ud_send_exactly_mtu,
                 ud_post_destroyed_ah_rejected,
                 ah_create_destroy,

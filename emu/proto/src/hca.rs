@@ -781,11 +781,8 @@ impl Hca {
                 Error::state(format!("post_send in {state}")),
             ));
         }
-        let mtu = self.config.active_mtu.bytes();
         for (i, wr) in wrs.iter().enumerate() {
-            let ud = self
-                .ud_dst(qpn, wr, mtu)
-                .map_err(|e| PostError::new(i, e))?;
+            let ud = self.ud_dst(qpn, wr).map_err(|e| PostError::new(i, e))?;
             let qp = self.qp_mut(qpn).map_err(|e| PostError::new(i, e))?;
             let mut wqe = qp::check_send_wr(qp, wr, &limits).map_err(|e| PostError::new(i, e))?;
             wqe.ud = ud;
@@ -807,9 +804,10 @@ impl Hca {
         Ok(())
     }
 
-    /// For a UD QP, the destination of `wr` (SEND or SEND_WITH_IMM of at most `mtu` bytes to a
-    /// live AH; `InvalidArgument` otherwise); `None` for other QP types.
-    fn ud_dst(&self, qpn: u32, wr: &SendWr<'_>, mtu: u32) -> Result<Option<crate::ud::UdDst>> {
+    /// For a UD QP, the destination of `wr` (SEND or SEND_WITH_IMM to a live AH;
+    /// `InvalidArgument` otherwise); `None` for other QP types. A message above the MTU is
+    /// accepted here and never sent (IBTA C10-93.1.1, see `ud::next_packet`).
+    fn ud_dst(&self, qpn: u32, wr: &SendWr<'_>) -> Result<Option<crate::ud::UdDst>> {
         let qp = self.qp(qpn)?;
         if qp.qp_type != QpType::Ud {
             return Ok(None);
@@ -823,12 +821,6 @@ impl Hca {
         let ud = wr
             .ud
             .ok_or_else(|| Error::invalid("a UD send needs an AH, remote QPN and Q_Key"))?;
-        if wr.total_len() > u64::from(mtu) {
-            return Err(Error::invalid(format!(
-                "UD message of {} bytes above the path MTU {mtu}",
-                wr.total_len()
-            )));
-        }
         if ud.remote_qpn > verbs_api::MAX_24BIT {
             return Err(Error::invalid("remote_qpn is not a 24-bit number"));
         }
@@ -1038,7 +1030,8 @@ impl Hca {
                 };
                 let mut fatal = false;
                 let sport = self.config.source_port;
-                let out = crate::ud::next_packet(qp, &mut ctx, src_ip, sport, buf, &mut fatal);
+                let mtu = self.config.active_mtu.bytes();
+                let out = crate::ud::next_packet(qp, &mut ctx, src_ip, sport, mtu, buf, &mut fatal);
                 self.after_step(qpn, fatal, out.is_some());
                 if let Some(d) = out {
                     return Some(Transmit {

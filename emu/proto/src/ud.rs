@@ -5,7 +5,9 @@
 //! is built (a lost datagram is lost: the sender never learns of it). The receive side takes a
 //! receive WQE, writes the 40-byte GRH (the datagram's IP header, rdma-core's layout) and the
 //! payload into it and completes it. It is not RC: no PSN checking, no responses, no
-//! multi-packet messages (a message fits the path MTU, checked at post time).
+//! multi-packet messages: a message above the port's MTU is completed successfully and never
+//! sent, as IBTA C10-93.1.1 requires ("shall not emit any packets … shall not generate an
+//! error") and rxe's requester does.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -64,20 +66,29 @@ pub(crate) struct Datagram {
 }
 
 /// Builds the head send WQE of a UD QP in RTS into `buf` and completes it. `None` when there is
-/// nothing to send. A WQE whose gather list fails (bad lkey, range) completes with
-/// `LOC_PROT_ERR` and sets `*fatal` (the QP enters ERR, as rxe's requester does).
+/// nothing to send. WQEs above `mtu` bytes complete successfully without a packet (C10-93.1.1).
+/// A WQE whose gather list fails (bad lkey, range) completes with `LOC_PROT_ERR` and sets
+/// `*fatal` (the QP enters ERR, as rxe's requester does).
 pub(crate) fn next_packet(
     qp: &mut Qp,
     ctx: &mut Ctx<'_>,
     src_ip: IpAddr,
     fixed_sport: Option<u16>,
+    mtu: u32,
     buf: &mut [u8],
     fatal: &mut bool,
 ) -> Option<Datagram> {
     if qp.state() != QpState::Rts {
         return None;
     }
-    let wqe = qp.sq.pop_front()?;
+    let wqe = loop {
+        let wqe = qp.sq.pop_front()?;
+        if wqe.length <= u64::from(mtu) {
+            break wqe;
+        }
+        qp.rc.req_psn = qp.rc.req_psn.wrapping_add(1);
+        complete_send(qp, ctx, &wqe, WcStatus::Success);
+    };
     let ud = wqe.ud?;
     let src_port = fixed_sport.unwrap_or_else(|| crate::wire::ip::udp_sport(qp.qpn, ud.remote_qpn));
     let built = tx::ip_context(src_ip, ud.dst.ip(), src_port, ud.dst.port())

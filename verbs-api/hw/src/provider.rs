@@ -515,12 +515,21 @@ impl Context for HwContext {
                 attr.udp_dport
             )));
         }
-        let raw = raw_pd
-            .create_ah(convert::ah_to(&AhAttr {
-                port_num: port,
-                ..*attr
-            }))
-            .map_err(|e| errno_error("ibv_create_ah", e))?;
+        let raw_attr = convert::ah_to(&AhAttr {
+            port_num: port,
+            ..*attr
+        });
+        // As for a modify with AV: the kernel resolves the destination's Ethernet address and
+        // may give up with ETIMEDOUT under a slow VM; nothing was created, so try again.
+        let mut tries = 3;
+        let raw = loop {
+            tries -= 1;
+            match raw_pd.create_ah(raw_attr) {
+                Ok(raw) => break raw,
+                Err(libc::ETIMEDOUT) if tries > 0 => continue,
+                Err(e) => return Err(errno_error("ibv_create_ah", e)),
+            }
+        };
         let handle = self.0.handle();
         write(&self.0.ahs).insert(handle, Arc::new(raw));
         Ok(HwAh(Arc::new(AhInner {

@@ -398,6 +398,7 @@ macro_rules! __conformance_cases {
                 ud_post_destroyed_ah_rejected,
                 ah_create_destroy,
                 pd_destroy_with_ah_busy,
+                ah_drop_releases_pd,
                 ah_bad_port_invalid,
                 ah_sgid_index_beyond_table_fails,
                 ah_foreign_pd_rejected,
@@ -418,6 +419,7 @@ macro_rules! __conformance_cases {
                 ud_unsignaled_send,
                 ud_src_qp_distinguishes_senders,
                 ud_send_inline,
+                ud_receive_through_srq,
             }
         }
     };

@@ -15,8 +15,8 @@ use verbs_api::ud::GrhInfo;
 use verbs_api::{
     AccessFlags, AddressHandle, AhAttr, Context, ErrorKind, GRH_LEN, MemoryRegion,
     ProtectionDomain, QKEY_CONTROLLED, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, QueuePair,
-    RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
-    init_ah_from_wc,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, SharedReceiveQueue, SrqAttr, UdDest, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion, init_ah_from_wc,
 };
 
 use crate::check::{Outcome, Stop, failure, needs};
@@ -611,6 +611,29 @@ pub fn pd_destroy_with_ah_busy<C: Context>(env: &Env<C>) -> Outcome {
     Ok(())
 }
 
+/// Dropping the last handle of an AH that was not destroyed releases it: its PD can then be
+/// destroyed.
+pub fn ah_drop_releases_pd<C: Context>(env: &Env<C>) -> Outcome {
+    let fx = Fixture::new(env)?;
+    let pd = fx.ctx.alloc_pd()?;
+    let attr = AhAttr {
+        dgid: fx.peer_ep.gid,
+        udp_dport: fx.peer_ep.udp_port,
+        ..AhAttr::default()
+    };
+    let ah = needs(fx.ctx.create_ah(&pd, &attr), "address handles")?;
+    let clone = ah.clone();
+    drop(ah);
+    expect_kind(
+        pd.destroy(),
+        ErrorKind::Busy,
+        "PD destroy while a clone of the AH lives",
+    )?;
+    drop(clone);
+    pd.destroy()?;
+    Ok(())
+}
+
 /// An AH on port 2 of a one-port device (or beyond `phys_port_cnt`) is `InvalidArgument`.
 pub fn ah_bad_port_invalid<C: Context>(env: &Env<C>) -> Outcome {
     let fx = Fixture::new(env)?;
@@ -953,4 +976,70 @@ pub fn ud_send_inline<C: Context>(env: &Env<C>) -> Outcome {
     )?;
     p.expect_recv(3, 32, None, 0)?;
     Ok(())
+}
+
+/// A UD QP receiving through an SRQ: the datagram takes the SRQ's WQE, the completion names the
+/// UD QP, the GRH and payload land in the SRQ WQE's buffer.
+pub fn ud_receive_through_srq<C: Context>(env: &Env<C>) -> Outcome {
+    let p = UdPair::new(env)?;
+    let ctx = env.open_peer()?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(16, None)?;
+    let srq = needs(
+        ctx.create_srq(
+            &pd,
+            &SrqAttr {
+                max_wr: 8,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        ),
+        "SRQs",
+    )?;
+    let dev = ctx.query_device()?;
+    let qp = needs(
+        ctx.create_qp(
+            &pd,
+            &cq,
+            &cq,
+            Some(&srq),
+            &QpInitAttr::ud(crate::fixture::default_cap(&dev)),
+        ),
+        "UD QPs with an SRQ",
+    )?;
+    to_rts(&qp, QKEY)?;
+    let mr = ctx.alloc_mr(&pd, 4096, AccessFlags::LOCAL_WRITE)?;
+    let rsge = [mr.sge(0, 512)?];
+    srq.post_recv(&[RecvWr::new(77, &rsge)])?;
+    let ep = qp.endpoint(0)?;
+    let ah = p.a.ctx.create_ah(
+        &p.a.pd,
+        &AhAttr {
+            dgid: ep.gid,
+            udp_dport: ep.udp_port,
+            ..AhAttr::default()
+        },
+    )?;
+    let data = pattern(77, 48);
+    p.a.mr.write(0, &data)?;
+    let sge = [p.a.sge(0, 48)?];
+    let dest = UdDest {
+        ah: ah.handle(),
+        remote_qpn: qp.qp_num(),
+        remote_qkey: QKEY,
+    };
+    p.a.qp
+        .post_send(&[SendWr::new(1, SendOp::Send, &sge).with_ud(dest)])?;
+    check_success(
+        &poll_one(&p.a.send_cq)?,
+        1,
+        WcOpcode::Send,
+        48,
+        p.a.qp.qp_num(),
+    )?;
+    let wc = poll_one(&cq)?;
+    check_ud_recv(&wc, 77, 48, None, qp.qp_num(), p.a.qp.qp_num())?;
+    let mut got = vec![0; 48];
+    mr.read(GRH_LEN, &mut got)?;
+    check_bytes(&got, &data, "payload through the SRQ")
 }

@@ -765,7 +765,9 @@ impl Hca {
 
     /// `ibv_post_send` (rc-transport.md §5.2): allowed in RTS and SQD (queued); in ERR each WR
     /// completes at once with `WR_FLUSH_ERR`; `InvalidState` in RESET, INIT, RTR (and SQE).
-    /// Each WR is checked before it is queued; the first bad one stops the batch.
+    /// Each WR is checked before it is queued; the first bad one stops the batch. On a UD QP a
+    /// WR must be SEND or SEND_WITH_IMM with a UD destination naming a live AH
+    /// (`InvalidArgument` otherwise); its address is copied at post time.
     pub fn post_send(
         &mut self,
         _now: Instant,
@@ -889,7 +891,10 @@ impl Hca {
     /// Feeds one received RoCEv2 UDP payload from `src` (rxe's receive path, rc-transport.md
     /// §1.10): a bad ICRC, a malformed packet, an unknown QP, a QP in the wrong state, a source
     /// other than the QP's peer or a foreign P_Key is counted and dropped, never answered.
-    /// Requests go to the responder, responses to the completer. Never panics on any input.
+    /// Requests go to the responder, responses to the completer; UD datagrams to the UD receive
+    /// side (`crate::ud`: Q_Key and P_Key checks, GRH, silent drop without a receive WQE), and
+    /// a packet whose transport does not match its QP's type is dropped as malformed. Never
+    /// panics on any input.
     pub fn handle_datagram(
         &mut self,
         now: Instant,

@@ -45,6 +45,9 @@ enum Command {
     /// ibv_rc_pingpong on any provider, compatible on the wire and on the command line: server
     /// without HOST, client with it (e.g. against Linux rxe). Exit code: 0 done, 1 failed.
     Pingpong(Box<softverbs_cli::interop::pingpong::PingpongArgs>),
+    /// ibv_ud_pingpong on any provider, compatible on the wire and on the command line: server
+    /// without HOST, client with it (e.g. against Linux rxe). Exit code: 0 done, 1 failed.
+    UdPingpong(Box<softverbs_cli::interop::ud_pingpong::UdPingpongArgs>),
     /// RDMA WRITE/READ, WRITE/SEND_WITH_IMM and atomics in both directions between two
     /// processes (server without HOST), every result verified on both sides. Exit code: 0 all
     /// passed.
@@ -66,6 +69,9 @@ fn main() -> ExitCode {
         Command::Perf(args) => return ExitCode::from(softverbs_cli::perf::run(*args)),
         Command::Pingpong(args) => {
             return ExitCode::from(softverbs_cli::interop::pingpong::run(&args));
+        }
+        Command::UdPingpong(args) => {
+            return ExitCode::from(softverbs_cli::interop::ud_pingpong::run(&args));
         }
         Command::RdmaCheck(args) => {
             return ExitCode::from(softverbs_cli::interop::rdma_check::run(&args));

@@ -171,6 +171,34 @@ fn pingpong_two_processes_multi_packet_events() {
 }
 
 #[test]
+fn ud_pingpong_two_processes_polling_and_events() {
+    // UD: one datagram per message, at most the MTU; the receive buffers hold the GRH too.
+    let (s, c) = pair("ud-pingpong", 20, &["-s", "1024", "-n", "40"]);
+    assert_pingpong_output(&s, 1024, 40);
+    assert_pingpong_output(&c, 1024, 40);
+    let (s, c) = pair(
+        "ud-pingpong",
+        21,
+        &["-s", "64", "-n", "30", "-r", "4", "-e"],
+    );
+    assert_pingpong_output(&s, 64, 30);
+    assert_pingpong_output(&c, 64, 30);
+}
+
+#[test]
+fn ud_pingpong_refuses_a_size_above_the_mtu() {
+    let (s, c) = pair("ud-pingpong", 22, &["-s", "5000", "-n", "1"]);
+    for out in [&s, &c] {
+        assert_eq!(out.code, 1, "{}", out.dump());
+        assert!(
+            out.stderr.contains("larger than the port's MTU"),
+            "{}",
+            out.dump()
+        );
+    }
+}
+
+#[test]
 fn rdma_check_two_processes_every_check_passes() {
     let (s, c) = pair("rdma-check", 3, &[]);
     for out in [&s, &c] {

@@ -132,6 +132,14 @@ impl QpInitAttr {
             sq_sig_all: false,
         }
     }
+
+    /// A UD QP with the given capacities, signalling only SIGNALED WRs.
+    pub fn ud(cap: QpCap) -> QpInitAttr {
+        QpInitAttr {
+            qp_type: QpType::Ud,
+            ..QpInitAttr::rc(cap)
+        }
+    }
 }
 
 /// Address vector (`ibv_ah_attr` with its GRH). For RoCEv2 the GRH is mandatory: `dgid` is the

@@ -1,7 +1,7 @@
 //! Run-time backend selection: type-erased verbs handles and a registry of providers.
 //!
 //! [`AnyDevice`], [`AnyContext`] and the handles a context creates ([`AnyPd`], [`AnyMr`],
-//! [`AnyCq`], [`AnyChannel`], [`AnySrq`], [`AnyQp`]) implement the traits of
+//! [`AnyCq`], [`AnyChannel`], [`AnySrq`], [`AnyQp`], [`AnyAh`]) implement the traits of
 //! [`crate::traits`] by forwarding every call to the backend they wrap, so code written against
 //! `C: Context` runs unchanged on a backend chosen from configuration. The price is one
 //! virtual call per verbs call (data path included) and one `Arc` per handle; code that wants
@@ -60,12 +60,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::attr::{DeviceAttr, PortAttr, QpAttr, QpInitAttr, SrqAttr};
+use crate::attr::{AhAttr, DeviceAttr, PortAttr, QpAttr, QpInitAttr, SrqAttr};
 use crate::error::{Error, ErrorKind, PostError, Result};
 use crate::event::AsyncEvent;
 use crate::traits::{
-    CompletionChannel, CompletionQueue, Context, Device, MemoryRegion, ProtectionDomain, Provider,
-    QueuePair, SharedReceiveQueue,
+    AddressHandle, CompletionChannel, CompletionQueue, Context, Device, MemoryRegion,
+    ProtectionDomain, Provider, QueuePair, SharedReceiveQueue,
 };
 use crate::types::{AccessFlags, Endpoint, Gid, QpAttrMask, QpState, QpType};
 use crate::wc::WorkCompletion;
@@ -140,7 +140,7 @@ macro_rules! plain {
 
 plain!(u8, u16, u32, u64, usize, String, *mut u8);
 plain!(AccessFlags, Gid, AsyncEvent, DeviceAttr, PortAttr);
-plain!(&Path, &SrqAttr, &QpInitAttr);
+plain!(&Path, &SrqAttr, &QpInitAttr, &AhAttr);
 
 /// The `$name` handle around `Arc<dyn $erased>`: its `Debug` naming the wrapped type, and
 /// `downcast_ref` back to that type beside the inherent `$item`s given (its constructor).
@@ -330,6 +330,16 @@ erased_handle! {
     }
 }
 
+erased_handle! {
+    /// An address handle of any backend, created by [`AnyContext::create_ah`].
+    AnyAh(ErasedAh: AddressHandle, "address handle") {
+        impl AddressHandle {
+            fn handle(&self) -> u32;
+            fn destroy(&self) -> Result<()>;
+        }
+    }
+}
+
 /// A factory of handles (`Context`, `Device`): as `erased_handle!`, but each call converts its
 /// arguments with [`ToBackend`] before reaching the backend (so a handle of another backend
 /// fails there, before the backend is called) and its result with [`FromBackend`]; the public
@@ -407,7 +417,7 @@ macro_rules! erased_factory {
 
 erased_factory! {
     /// An open device of any backend: a [`Context`] whose handles are [`AnyPd`], [`AnyMr`],
-    /// [`AnyCq`], [`AnyChannel`], [`AnySrq`] and [`AnyQp`].
+    /// [`AnyCq`], [`AnyChannel`], [`AnySrq`], [`AnyQp`] and [`AnyAh`].
     ///
     /// Every call forwards to the wrapped context with the same contract. A handle argument made
     /// by a different backend fails with `InvalidArgument` before the backend is called.
@@ -418,6 +428,7 @@ erased_factory! {
         type Channel = AnyChannel;
         type Srq = AnySrq;
         type Qp = AnyQp;
+        type Ah = AnyAh;
         fn device_name(&self) -> String;
         fn query_device(&self) -> Result<DeviceAttr>;
         fn query_port(&self, port_num: u8) -> Result<PortAttr>;
@@ -438,6 +449,7 @@ erased_factory! {
             srq: Option<&AnySrq>,
             attr: &QpInitAttr,
         ) -> Result<AnyQp>;
+        fn create_ah(&self, pd: &AnyPd, attr: &AhAttr) -> Result<AnyAh>;
         fn poll_async_event(&self) -> Option<AsyncEvent>;
         unsafe fn reg_mr_raw(&self, pd: &AnyPd, addr: *mut u8, len: usize, access: AccessFlags)
             -> Result<AnyMr>;
@@ -617,12 +629,12 @@ mod tests {
         AnyContext, AnyDevice, Arc, AsFd, AsRawFd, BorrowedFd, DEVICE_ENV, Duration, PROVIDER_ENV,
         Path, RawFd, Registry, env_value, fmt,
     };
-    use crate::attr::{DeviceAttr, PortAttr, QpAttr, QpCap, QpInitAttr, SrqAttr};
+    use crate::attr::{AhAttr, DeviceAttr, PortAttr, QpAttr, QpCap, QpInitAttr, SrqAttr};
     use crate::error::{Error, ErrorKind, PostError, Result};
     use crate::event::AsyncEvent;
     use crate::traits::{
-        CompletionChannel, CompletionQueue, Context, Device, MemoryRegion, ProtectionDomain,
-        Provider, QueuePair, SharedReceiveQueue,
+        AddressHandle, CompletionChannel, CompletionQueue, Context, Device, MemoryRegion,
+        ProtectionDomain, Provider, QueuePair, SharedReceiveQueue,
     };
     use crate::types::{AccessFlags, Endpoint, Gid, QpAttrMask, QpState, QpType, ROCE_V2_UDP_PORT};
     use crate::wc::WorkCompletion;
@@ -703,6 +715,7 @@ mod tests {
         type Channel = Obj<B>;
         type Srq = Obj<B>;
         type Qp = Obj<B>;
+        type Ah = FakeAh<B>;
 
         fn device_name(&self) -> String {
             self.device.clone()
@@ -772,8 +785,25 @@ mod tests {
             );
             self.obj(call, "qp", 0)
         }
+        fn create_ah(&self, pd: &Obj<B>, attr: &AhAttr) -> Result<FakeAh<B>> {
+            let call = format!("create_ah(pd{}, {})", pd.handle, attr.dgid);
+            self.obj(call, "ah", 0).map(FakeAh)
+        }
         fn poll_async_event(&self) -> Option<AsyncEvent> {
             None
+        }
+    }
+
+    /// The fake's address handle (its own type: `Obj` is every other handle).
+    #[derive(Clone)]
+    struct FakeAh<const B: u8>(Obj<B>);
+
+    impl<const B: u8> AddressHandle for FakeAh<B> {
+        fn handle(&self) -> u32 {
+            self.0.handle
+        }
+        fn destroy(&self) -> Result<()> {
+            self.0.ok("destroy")
         }
     }
 

@@ -10,14 +10,16 @@
 //! This crate is only the contract: plain data types and traits, no IO, no `unsafe` code
 //! (`unsafe_code` is denied; the one exception declares [`Context::reg_mr_raw`], which is `unsafe` to call).
 //!
-//! * [`traits`]: `Provider` → `Device` → `Context` → `Pd`, `Mr`, `Cq`, `Channel`, `Srq`, `Qp`.
+//! * [`traits`]: `Provider` → `Device` → `Context` → `Pd`, `Mr`, `Cq`, `Channel`, `Srq`, `Qp`,
+//!   `Ah`.
 //! * [`attr`], [`types`], [`wr`], [`wc`], [`event`]: the values that cross the API.
 //! * [`error`]: [`Error`] for the control path, [`PostError`] for posting.
 //! * [`connect`]: the RESET → RTS walk for an RC QP.
 //! * [`dynamic`]: run-time backend selection (`SOFTVERBS_PROVIDER`).
 //!
-//! Supported by the emulator today: RC QPs, SRQ, every send opcode listed in [`SendOp`].
-//! Rejected with `NotSupported`: UC and UD QPs, memory windows, alternate paths.
+//! Supported by the emulator today: RC QPs with every send opcode listed in [`SendOp`], SRQ, and
+//! UD QPs (SEND and SEND_WITH_IMM through an [`AddressHandle`], see [`ud`]).
+//! Rejected with `NotSupported`: UC QPs, memory windows, alternate paths.
 #![deny(unsafe_code)]
 
 pub mod attr;
@@ -27,6 +29,7 @@ pub mod error;
 pub mod event;
 pub mod traits;
 pub mod types;
+pub mod ud;
 pub mod wc;
 pub mod wr;
 
@@ -35,12 +38,13 @@ pub use connect::{RcConnectOptions, connect_rc};
 pub use error::{Error, ErrorKind, PostError, Result};
 pub use event::{AsyncEvent, AsyncEventKind, EventElement};
 pub use traits::{
-    CompletionChannel, CompletionQueue, Context, Device, MemoryRegion, ProtectionDomain, Provider,
-    QueuePair, SharedReceiveQueue,
+    AddressHandle, CompletionChannel, CompletionQueue, Context, Device, MemoryRegion,
+    ProtectionDomain, Provider, QueuePair, SharedReceiveQueue,
 };
 pub use types::{
     AccessFlags, Endpoint, Gid, LinkLayer, MAX_24BIT, Mtu, PortState, QpAttrMask, QpState, QpType,
     ROCE_V2_UDP_PORT, SendFlags, WcFlags,
 };
+pub use ud::{GRH_LEN, init_ah_from_wc};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{RecvWr, SendOp, SendWr, Sge};
+pub use wr::{QKEY_CONTROLLED, RecvWr, SendOp, SendWr, Sge, UdDest};

@@ -4,7 +4,8 @@
 //! dispatch on the data path. [`crate::dynamic`] erases the types for run-time backend
 //! selection.
 //!
-//! Ownership follows rdma-core: a QP keeps its PD, CQs and SRQ alive; an MR keeps its PD alive.
+//! Ownership follows rdma-core: a QP keeps its PD, CQs and SRQ alive; an MR and an address
+//! handle keep their PD alive.
 //! Handles are cheap to clone and are `Send + Sync`; every call may come from any thread.
 //! `destroy` is explicit and fails with [`ErrorKind::Busy`](crate::ErrorKind::Busy) while
 //! another live object still uses the object; after a successful destroy every call on any clone
@@ -15,7 +16,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::time::Duration;
 
-use crate::attr::{DeviceAttr, PortAttr, QpAttr, QpInitAttr, SrqAttr};
+use crate::attr::{AhAttr, DeviceAttr, PortAttr, QpAttr, QpInitAttr, SrqAttr};
 use crate::error::{Error, PostError, Result};
 use crate::event::AsyncEvent;
 use crate::types::{AccessFlags, Endpoint, Gid, QpAttrMask, QpState, QpType};
@@ -68,6 +69,8 @@ pub trait Context: Clone + Send + Sync + 'static {
     type Srq: SharedReceiveQueue;
     /// Queue pair handle.
     type Qp: QueuePair;
+    /// Address handle.
+    type Ah: AddressHandle;
 
     /// The device's name.
     fn device_name(&self) -> String;
@@ -149,6 +152,11 @@ pub trait Context: Clone + Send + Sync + 'static {
         attr: &QpInitAttr,
     ) -> Result<Self::Qp>;
 
+    /// Creates an address handle in `pd` for UD sends (`ibv_create_ah`). Errors
+    /// (`InvalidArgument`): a port other than 1 (0 is taken as 1), an `sgid_index` outside the
+    /// GID table, a zero `dgid` (RoCE needs a global address), a zero `udp_dport`.
+    fn create_ah(&self, pd: &Self::Pd, attr: &AhAttr) -> Result<Self::Ah>;
+
     /// The next asynchronous event, if any, without blocking (`ibv_get_async_event` on a
     /// non-blocking fd). Events need no acknowledgement.
     fn poll_async_event(&self) -> Option<AsyncEvent>;
@@ -159,7 +167,18 @@ pub trait ProtectionDomain: Clone + Send + Sync + 'static {
     /// A number identifying the PD within its context.
     fn handle(&self) -> u32;
 
-    /// Deallocates the PD (`ibv_dealloc_pd`); `Busy` while MRs, QPs or SRQs use it.
+    /// Deallocates the PD (`ibv_dealloc_pd`); `Busy` while MRs, QPs, SRQs or AHs use it.
+    fn destroy(&self) -> Result<()>;
+}
+
+/// An address handle (`ibv_ah`): the address vector a UD send goes to, named in
+/// [`UdDest::ah`](crate::wr::UdDest::ah) by its [`handle`](Self::handle).
+pub trait AddressHandle: Clone + Send + Sync + 'static {
+    /// A number identifying the AH within its context; what a UD work request carries.
+    fn handle(&self) -> u32;
+
+    /// Destroys the AH (`ibv_destroy_ah`). Work already posted with it is unaffected (the
+    /// address was copied at post time); later posts naming it fail with `InvalidArgument`.
     fn destroy(&self) -> Result<()>;
 }
 

@@ -113,10 +113,29 @@ impl SendOp {
     }
 }
 
+/// The destination of a send on a UD QP (`ibv_send_wr.wr.ud`): an address handle, the remote QP
+/// number and the Q_Key.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UdDest {
+    /// The address handle's [`handle`](crate::AddressHandle::handle), from the same context as
+    /// the QP. A destroyed or unknown handle fails the post with `InvalidArgument`.
+    pub ah: u32,
+    /// The destination QP number (24-bit).
+    pub remote_qpn: u32,
+    /// The Q_Key sent in the DETH. With the high bit set ([`QKEY_CONTROLLED`]) the QP's own Q_Key
+    /// is sent instead (IBTA 10.2.4, controlled Q_Keys).
+    pub remote_qkey: u32,
+}
+
+/// A Q_Key with this bit set in a work request is a controlled Q_Key: the sending QP's Q_Key
+/// replaces it.
+pub const QKEY_CONTROLLED: u32 = 0x8000_0000;
+
 /// A send work request (`ibv_send_wr`).
 ///
 /// The payload is the concatenation of `sg_list`, or `inline_data` when
-/// [`SendFlags::INLINE`] is set (then `sg_list` must be empty and no lkey is checked).
+/// [`SendFlags::INLINE`] is set (then `sg_list` must be empty and no lkey is checked). On a UD
+/// QP `ud` names the destination and is required; other QP types ignore it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct SendWr<'a> {
     /// Caller's identifier, returned in the completion.
@@ -129,6 +148,8 @@ pub struct SendWr<'a> {
     pub inline_data: &'a [u8],
     /// Flags.
     pub flags: SendFlags,
+    /// UD destination (`wr.ud`); `None` for connected QPs.
+    pub ud: Option<UdDest>,
 }
 
 impl<'a> SendWr<'a> {
@@ -140,6 +161,7 @@ impl<'a> SendWr<'a> {
             sg_list,
             inline_data: &[],
             flags: SendFlags::SIGNALED,
+            ud: None,
         }
     }
 
@@ -151,12 +173,21 @@ impl<'a> SendWr<'a> {
             sg_list: &[],
             inline_data: data,
             flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            ud: None,
         }
     }
 
     /// The same request with `flags` replaced.
     pub fn with_flags(self, flags: SendFlags) -> SendWr<'a> {
         SendWr { flags, ..self }
+    }
+
+    /// The same request sent as a datagram to `ud` (for UD QPs).
+    pub fn with_ud(self, ud: UdDest) -> SendWr<'a> {
+        SendWr {
+            ud: Some(ud),
+            ..self
+        }
     }
 
     /// Total payload length: the inline length or the sum of the SGE lengths (saturating).

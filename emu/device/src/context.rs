@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use emu_proto::{Instant, Stats};
 use mr_region::Region;
 use verbs_api::{
-    AccessFlags, AsyncEvent, DeviceAttr, Error, ErrorKind, EventElement, Gid, PortAttr, QpInitAttr,
-    Result, SrqAttr,
+    AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Error, ErrorKind, EventElement, Gid, PortAttr,
+    QpInitAttr, Result, SrqAttr,
 };
 
 use crate::channel::ChannelShared;
+use crate::handles::{Ah, AhInner, Srq, SrqInner};
 use crate::handles::{Channel, ChannelInner, Cq, CqInner, Mr, MrInner, Pd, PdInner, Qp, QpInner};
-use crate::handles::{Srq, SrqInner};
 use crate::port::{Port, Waiting};
 use crate::state::DeviceState;
 
@@ -174,6 +174,7 @@ impl<P: Port> verbs_api::Context for Context<P> {
     type Channel = Channel<P>;
     type Srq = Srq<P>;
     type Qp = Qp<P>;
+    type Ah = Ah<P>;
 
     fn device_name(&self) -> String {
         self.shared.port.device_name()
@@ -328,6 +329,17 @@ impl<P: Port> verbs_api::Context for Context<P> {
             _send_cq: send_cq.clone(),
             _recv_cq: recv_cq.clone(),
             _srq: srq.cloned(),
+        })))
+    }
+
+    fn create_ah(&self, pd: &Pd<P>, attr: &AhAttr) -> Result<Ah<P>> {
+        self.same_context(&pd.0.ctx, "PD")?;
+        let id = self.query_live(&pd.0.alive, "PD", |st| st.hca.create_ah(pd.0.id, attr))?;
+        Ok(Ah(Arc::new(AhInner {
+            ctx: self.clone(),
+            id,
+            alive: AtomicBool::new(true),
+            _pd: pd.clone(),
         })))
     }
 

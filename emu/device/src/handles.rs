@@ -1,8 +1,8 @@
-//! The verbs objects of an emulated device — PD, MR, completion channel, CQ, SRQ, QP — written
-//! once over a [`Port`].
+//! The verbs objects of an emulated device — PD, MR, completion channel, CQ, SRQ, QP, AH —
+//! written once over a [`Port`].
 //!
-//! Handles keep their parents alive (a QP holds its PD, CQs and SRQ; every handle holds its
-//! context); an explicitly destroyed handle fails every later call with
+//! Handles keep their parents alive (a QP holds its PD, CQs and SRQ, an MR or AH its PD; every
+//! handle holds its context); an explicitly destroyed handle fails every later call with
 //! `ErrorKind::Destroyed`, and dropping the last clone of a live one destroys it.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant as WallClock};
 
-use emu_proto::{ChannelId, CqId, Hca, Instant, MrInfo, PdId, SrqId, Stats};
+use emu_proto::{AhId, ChannelId, CqId, Hca, Instant, MrInfo, PdId, SrqId, Stats};
 use mr_region::Region;
 use verbs_api::{
     AccessFlags, Endpoint, Error, PostError, QpAttr, QpAttrMask, QpType, RecvWr, Result, SendWr,
@@ -61,6 +61,36 @@ impl<P: Port> verbs_api::ProtectionDomain for Pd<P> {
         let this = &self.0;
         this.ctx.query_live(&this.alive, "PD", |st| {
             st.hca.dealloc_pd(this.id)?;
+            this.alive.store(false, Ordering::Release);
+            Ok(())
+        })
+    }
+}
+
+// ---- AH ------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+pub(crate) struct AhInner<P: Port> {
+    pub(crate) ctx: Context<P>,
+    pub(crate) id: AhId,
+    pub(crate) alive: AtomicBool,
+    pub(crate) _pd: Pd<P>,
+}
+drop_destroys!(AhInner, |st, this| st.hca.destroy_ah(this.id));
+
+/// An address handle of an emulated device: where a UD send goes.
+#[derive(Clone, Debug)]
+pub struct Ah<P: Port>(pub(crate) Arc<AhInner<P>>);
+
+impl<P: Port> verbs_api::AddressHandle for Ah<P> {
+    fn handle(&self) -> u32 {
+        self.0.id.0
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let this = &self.0;
+        this.ctx.query_live(&this.alive, "AH", |st| {
+            st.hca.destroy_ah(this.id)?;
             this.alive.store(false, Ordering::Release);
             Ok(())
         })

@@ -30,7 +30,7 @@ mod tests;
 
 pub use channel::ChannelShared;
 pub use context::Context;
-pub use handles::{Channel, Cq, Mr, Pd, Qp, Srq};
+pub use handles::{Ah, Channel, Cq, Mr, Pd, Qp, Srq};
 pub use memory::DeviceMemory;
 pub use mr_region::{OutOfBounds, Region};
 pub use port::{Idle, Port, Waiting};

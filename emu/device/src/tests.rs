@@ -138,3 +138,33 @@ fn next_completion_on_an_idle_device_fails_at_once() {
     let err = cq.next_completion().unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidState);
 }
+
+#[test]
+fn an_ah_keeps_its_pd_until_destroyed_or_dropped() {
+    use verbs_api::{AddressHandle, AhAttr};
+    let ctx = Bare::open(MrAddresses::Host);
+    let other = Bare::open(MrAddresses::Host);
+    let pd = ctx.alloc_pd().unwrap();
+    let attr = AhAttr {
+        dgid: Gid::from_ip("127.0.0.9".parse().unwrap()),
+        ..AhAttr::default()
+    };
+    let ah = ctx.create_ah(&pd, &attr).unwrap();
+    assert_eq!(pd.destroy().unwrap_err().kind, ErrorKind::Busy);
+    let copy = ah.clone();
+    drop(ah);
+    assert_eq!(
+        pd.destroy().unwrap_err().kind,
+        ErrorKind::Busy,
+        "a clone keeps it"
+    );
+    drop(copy);
+    pd.destroy().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let ah = ctx.create_ah(&pd, &attr).unwrap();
+    ah.destroy().unwrap();
+    assert_eq!(ah.destroy().unwrap_err().kind, ErrorKind::Destroyed);
+    let foreign = other.alloc_pd().unwrap();
+    let err = ctx.create_ah(&foreign, &attr).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+}

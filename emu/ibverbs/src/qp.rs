@@ -100,6 +100,8 @@ impl Batch {
                 },
                 inline_data: w.inline.clone().map_or(&[][..], |r| &self.bytes[r]),
                 flags: w.flags,
+                // UD through the drop-in (ibv_create_ah, wr.ud) is not wired yet.
+                ud: None,
             })
             .collect();
         qp.post_send(&wrs)

@@ -15,9 +15,9 @@ use std::collections::VecDeque;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use verbs_api::{
-    AccessFlags, AsyncEvent, AsyncEventKind, DeviceAttr, Error, ErrorKind, EventElement, Gid,
-    LinkLayer, PortAttr, PortState, PostError, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType,
-    RecvWr, Result, SendWr, SrqAttr, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, AsyncEvent, AsyncEventKind, DeviceAttr, Error, ErrorKind, EventElement,
+    Gid, LinkLayer, PortAttr, PortState, PostError, QpAttr, QpAttrMask, QpInitAttr, QpState,
+    QpType, RecvWr, Result, SendWr, SrqAttr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use std::collections::BTreeSet;
@@ -25,7 +25,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::config::HcaConfig;
 use crate::cq::{Cq, Pushed};
-pub use crate::ids::{ChannelId, CqId, MrInfo, PdId, SrqId};
+pub use crate::ids::{AhId, ChannelId, CqId, MrInfo, PdId, SrqId};
 use crate::memory::Memory;
 use crate::qp::{self, Qp, RecvWqe, SendWqe};
 use crate::rc::{self, Ctx, PacketClass, completer, requester, responder};
@@ -70,6 +70,13 @@ struct PdEntry {
     refs: u32,
 }
 
+/// An address handle: its PD (kept busy) and the destination it resolves to.
+#[derive(Debug)]
+struct AhEntry {
+    pd: PdId,
+    dst: SocketAddr,
+}
+
 #[derive(Debug, Default)]
 struct ChannelEntry {
     cq_refs: u32,
@@ -91,6 +98,7 @@ pub struct Hca {
     cqs: Table<Cq>,
     channels: Table<ChannelEntry>,
     srqs: Table<SrqEntry>,
+    ahs: Table<AhEntry>,
     /// QPs by `qpn - FIRST_QPN`.
     qps: Table<Qp>,
     events: VecDeque<AsyncEvent>,
@@ -133,6 +141,7 @@ impl Hca {
             cqs: Table::default(),
             channels: Table::default(),
             srqs: Table::default(),
+            ahs: Table::default(),
             qps: Table::default(),
             events: VecDeque::new(),
             notifications: VecDeque::new(),
@@ -536,11 +545,66 @@ impl Hca {
         Ok(())
     }
 
+    // ---- (C) commands: address handles ---------------------------------------------------
+
+    /// `ibv_create_ah` in `pd`. Errors (`InvalidArgument`): unknown PD, a port other than 1 (0
+    /// means 1), `sgid_index` ≠ 0 (one GID), a zero DGID, a zero UDP port, a DGID of another IP
+    /// version than the device's; `NoMemory` when the table is full.
+    pub fn create_ah(&mut self, pd: PdId, attr: &AhAttr) -> Result<AhId> {
+        self.pds
+            .get(pd.0)
+            .ok_or_else(|| Error::invalid("no such PD"))?;
+        if attr.port_num > 1 {
+            return Err(Error::invalid(format!(
+                "port {} does not exist (ports: 1)",
+                attr.port_num
+            )));
+        }
+        if attr.sgid_index != 0 {
+            return Err(Error::invalid(
+                "sgid_index out of range (GID table length 1)",
+            ));
+        }
+        if attr.dgid.is_zero() {
+            return Err(Error::invalid("dgid is zero: RoCE needs a global address"));
+        }
+        if attr.udp_dport == 0 {
+            return Err(Error::invalid("udp_dport is zero"));
+        }
+        let dst = SocketAddr::new(attr.dgid.to_ip(), attr.udp_dport);
+        if dst.is_ipv4() != self.own_ip.is_ipv4() {
+            return Err(Error::invalid(
+                "dgid is of another IP version than the port's GID",
+            ));
+        }
+        let id = self
+            .ahs
+            .insert(AhEntry { pd, dst })
+            .map(AhId)
+            .ok_or_else(|| Error::no_memory("AH table exhausted"))?;
+        if let Some(entry) = self.pds.get_mut(pd.0) {
+            entry.refs += 1;
+        }
+        Ok(id)
+    }
+
+    /// `ibv_destroy_ah`; `InvalidArgument` for an unknown AH. Posted work keeps the address.
+    pub fn destroy_ah(&mut self, ah: AhId) -> Result<()> {
+        let entry = self
+            .ahs
+            .remove(ah.0)
+            .ok_or_else(|| Error::invalid("no such AH"))?;
+        if let Some(pd) = self.pds.get_mut(entry.pd.0) {
+            pd.refs = pd.refs.saturating_sub(1);
+        }
+        Ok(())
+    }
+
     // ---- (C) commands: QP ------------------------------------------------------------------
 
     /// `ibv_create_qp`: a QP in RESET. Errors: unknown PD/CQ/SRQ or an SRQ of another PD
     /// (`InvalidArgument`), capacities above the device limits (`InvalidArgument`), a type
-    /// other than RC (`NotSupported`), `max_qp` QPs (`NoMemory`).
+    /// other than RC and UD (`NotSupported`), `max_qp` QPs (`NoMemory`).
     pub fn create_qp(
         &mut self,
         pd: PdId,
@@ -549,7 +613,7 @@ impl Hca {
         srq: Option<SrqId>,
         init: &QpInitAttr,
     ) -> Result<u32> {
-        if init.qp_type != QpType::Rc {
+        if !matches!(init.qp_type, QpType::Rc | QpType::Ud) {
             return Err(Error::unsupported(format!(
                 "{:?} QPs are not implemented",
                 init.qp_type
@@ -701,7 +765,9 @@ impl Hca {
 
     /// `ibv_post_send` (rc-transport.md §5.2): allowed in RTS and SQD (queued); in ERR each WR
     /// completes at once with `WR_FLUSH_ERR`; `InvalidState` in RESET, INIT, RTR (and SQE).
-    /// Each WR is checked before it is queued; the first bad one stops the batch.
+    /// Each WR is checked before it is queued; the first bad one stops the batch. On a UD QP a
+    /// WR must be SEND or SEND_WITH_IMM with a UD destination naming a live AH
+    /// (`InvalidArgument` otherwise); its address is copied at post time.
     pub fn post_send(
         &mut self,
         _now: Instant,
@@ -718,8 +784,10 @@ impl Hca {
             ));
         }
         for (i, wr) in wrs.iter().enumerate() {
+            let ud = self.ud_dst(qpn, wr).map_err(|e| PostError::new(i, e))?;
             let qp = self.qp_mut(qpn).map_err(|e| PostError::new(i, e))?;
-            let wqe = qp::check_send_wr(qp, wr, &limits).map_err(|e| PostError::new(i, e))?;
+            let mut wqe = qp::check_send_wr(qp, wr, &limits).map_err(|e| PostError::new(i, e))?;
+            wqe.ud = ud;
             if qp.sq.len() >= qp.cap.max_send_wr as usize {
                 return Err(PostError::new(i, Error::no_memory("send queue full")));
             }
@@ -736,6 +804,37 @@ impl Hca {
             }
         }
         Ok(())
+    }
+
+    /// For a UD QP, the destination of `wr` (SEND or SEND_WITH_IMM to a live AH;
+    /// `InvalidArgument` otherwise); `None` for other QP types. A message above the MTU is
+    /// accepted here and never sent (IBTA C10-93.1.1, see `ud::next_packet`).
+    fn ud_dst(&self, qpn: u32, wr: &SendWr<'_>) -> Result<Option<crate::ud::UdDst>> {
+        let qp = self.qp(qpn)?;
+        if qp.qp_type != QpType::Ud {
+            return Ok(None);
+        }
+        if !matches!(
+            wr.op,
+            verbs_api::SendOp::Send | verbs_api::SendOp::SendWithImm { .. }
+        ) {
+            return Err(Error::invalid("a UD QP sends only SEND and SEND_WITH_IMM"));
+        }
+        let ud = wr
+            .ud
+            .ok_or_else(|| Error::invalid("a UD send needs an AH, remote QPN and Q_Key"))?;
+        if ud.remote_qpn > verbs_api::MAX_24BIT {
+            return Err(Error::invalid("remote_qpn is not a 24-bit number"));
+        }
+        let ah = self
+            .ahs
+            .get(ud.ah)
+            .ok_or_else(|| Error::invalid(format!("no such AH {}", ud.ah)))?;
+        Ok(Some(crate::ud::UdDst {
+            dst: ah.dst,
+            remote_qpn: ud.remote_qpn,
+            qkey: crate::ud::effective_qkey(ud.remote_qkey, qp.attr.qkey),
+        }))
     }
 
     /// `ibv_post_recv` (rc-transport.md §5.2): allowed from INIT on; in ERR each WR completes at
@@ -792,7 +891,10 @@ impl Hca {
     /// Feeds one received RoCEv2 UDP payload from `src` (rxe's receive path, rc-transport.md
     /// §1.10): a bad ICRC, a malformed packet, an unknown QP, a QP in the wrong state, a source
     /// other than the QP's peer or a foreign P_Key is counted and dropped, never answered.
-    /// Requests go to the responder, responses to the completer. Never panics on any input.
+    /// Requests go to the responder, responses to the completer; UD datagrams to the UD receive
+    /// side (`crate::ud`: Q_Key and P_Key checks, GRH, silent drop without a receive WQE), and
+    /// a packet whose transport does not match its QP's type is dropped as malformed. Never
+    /// panics on any input.
     pub fn handle_datagram(
         &mut self,
         now: Instant,
@@ -813,6 +915,10 @@ impl Hca {
             }
             self.stats.icrc_ident_solved += 1;
         }
+        if bytes.first().is_some_and(|b| crate::ud::is_ud_opcode(*b)) {
+            self.handle_ud(now, &ip, bytes, mem);
+            return;
+        }
         let Ok(pkt) = PacketRepr::parse(&Packet::new_unchecked(bytes)) else {
             self.stats.count_drop(RxDropCause::Malformed);
             return;
@@ -822,6 +928,11 @@ impl Hca {
             self.stats.count_drop(RxDropCause::UnknownQp);
             return;
         };
+        if qp.qp_type != QpType::Rc {
+            // An RC opcode for a UD QP: the transport does not match (rxe drops it).
+            qp.rc.stats.count_drop(RxDropCause::Malformed);
+            return;
+        }
         if let Some(cause) = refusal(qp, &pkt, src.ip()) {
             qp.rc.stats.count_drop(cause);
             return;
@@ -842,6 +953,33 @@ impl Hca {
             completer::handle_response(qp, &mut ctx, &pkt) == completer::Disposition::Fatal
         };
         self.after_step(qpn, fatal, true);
+    }
+
+    /// A UD datagram (ICRC checked): to its UD QP's receive side, or dropped and counted.
+    fn handle_ud(&mut self, now: Instant, ip: &IpContext, bytes: &[u8], mem: &dyn Memory) {
+        let Some(pkt) = crate::ud::UdPacket::parse(bytes) else {
+            self.stats.count_drop(RxDropCause::Malformed);
+            return;
+        };
+        let qpn = pkt.bth.dest_qp;
+        let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
+            self.stats.count_drop(RxDropCause::UnknownQp);
+            return;
+        };
+        if qp.qp_type != QpType::Ud {
+            qp.rc.stats.count_drop(RxDropCause::Malformed);
+            return;
+        }
+        let mut ctx = Ctx {
+            now,
+            mrs: &self.mrs,
+            srqs: &mut self.srqs,
+            mem,
+            wcs: &mut self.wcs,
+            events: &mut self.events,
+        };
+        crate::ud::receive(qp, &mut ctx, &pkt, ip);
+        self.after_step(qpn, false, false);
     }
 
     /// Fires every timer due at `now`: RNR waits end, local ACK timeouts retry or fail
@@ -886,6 +1024,30 @@ impl Hca {
                 continue;
             };
             qp.rc.queued = false;
+            if qp.qp_type == QpType::Ud {
+                let mut ctx = Ctx {
+                    now,
+                    mrs: &self.mrs,
+                    srqs: &mut self.srqs,
+                    mem,
+                    wcs: &mut self.wcs,
+                    events: &mut self.events,
+                };
+                let mut fatal = false;
+                let sport = self.config.source_port;
+                let mtu = self.config.active_mtu.bytes();
+                let out = crate::ud::next_packet(qp, &mut ctx, src_ip, sport, mtu, buf, &mut fatal);
+                self.after_step(qpn, fatal, out.is_some());
+                if let Some(d) = out {
+                    return Some(Transmit {
+                        dst: d.dst,
+                        src_port: d.src_port,
+                        len: d.len,
+                        class: PacketClass::Request,
+                    });
+                }
+                continue;
+            }
             let src_port = self
                 .config
                 .source_port

@@ -16,6 +16,9 @@ pub struct CqId(pub u32);
 /// A shared receive queue's number.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SrqId(pub u32);
+/// An address handle's number.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AhId(pub u32);
 /// A completion channel's number.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChannelId(pub u32);

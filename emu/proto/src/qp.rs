@@ -1,5 +1,5 @@
-//! Queue pairs: the QP object, its attribute/state machine (rc-transport.md §5.1) and the
-//! validation of posted work (§5.2).
+//! Queue pairs: the QP object, its attribute/state machine (rc-transport.md §5.1; UD's masks
+//! from the kernel's `qp_state_table`) and the validation of posted work (§5.2).
 //!
 //! This module decides whether a `modify` or a post is legal and what it changes; it moves no
 //! data. The RC transport engines (requester, completer, responder) consume the queues kept
@@ -27,6 +27,8 @@ pub(crate) struct SendWqe {
     /// Whether a successful completion is reported (SIGNALED or `sq_sig_all`).
     pub(crate) signaled: bool,
     pub(crate) length: u64,
+    /// UD only: the destination resolved from the work request's AH at post time.
+    pub(crate) ud: Option<crate::ud::UdDst>,
     /// Transport progress, set by the requester (all zero until the WQE starts).
     pub(crate) tx: WqeTx,
 }
@@ -163,6 +165,28 @@ pub(crate) fn rc_transition(from: QpState, to: QpState) -> Option<(QpAttrMask, Q
     })
 }
 
+/// Required and optional mask bits of a UD transition, or `None` if it is illegal (the
+/// kernel's `qp_state_table`: no path, remote or RDMA attributes; `QKEY` where RC has
+/// `ACCESS_FLAGS`; RTR → RTS needs only `SQ_PSN`).
+pub(crate) fn ud_transition(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+    use QpAttrMask as M;
+    use QpState::*;
+    let none = M::empty();
+    Some(match (from, to) {
+        (Reset, Reset) => (none, none),
+        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::QKEY, none),
+        (Init, Init) => (none, M::PKEY_INDEX | M::PORT | M::QKEY),
+        (Init, Rtr) => (none, M::PKEY_INDEX | M::QKEY),
+        (Rtr, Rts) => (M::SQ_PSN, M::CUR_STATE | M::QKEY),
+        (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) => (none, M::CUR_STATE | M::QKEY),
+        (Rts, Sqd) => (none, M::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => (none, M::PKEY_INDEX | M::QKEY),
+        (Init | Rtr | Rts | Sqd | Sqe | Err, Reset) => (none, none),
+        (Init | Rtr | Rts | Sqd | Sqe | Err, Err) => (none, none),
+        _ => return None,
+    })
+}
+
 /// What a legal `modify` asks for, once checked.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Transition {
@@ -187,17 +211,27 @@ pub(crate) fn check_modify(
             "unknown attribute mask bits {unknown:#x}"
         )));
     }
-    if qp.qp_type != QpType::Rc {
-        return Err(Error::unsupported("only RC QPs are implemented"));
-    }
     let from = qp.state();
     let to = if mask.contains(QpAttrMask::STATE) {
         attr.qp_state
     } else {
         from
     };
-    let (required, optional) = rc_transition(from, to)
-        .ok_or_else(|| Error::state(format!("illegal RC transition {from} -> {to}")))?;
+    let table = match qp.qp_type {
+        QpType::Rc => rc_transition,
+        QpType::Ud => ud_transition,
+        other => {
+            return Err(Error::unsupported(format!(
+                "{other:?} QPs are not implemented"
+            )));
+        }
+    };
+    let (required, optional) = table(from, to).ok_or_else(|| {
+        Error::state(format!(
+            "illegal {:?} transition {from} -> {to}",
+            qp.qp_type
+        ))
+    })?;
     let given = mask - QpAttrMask::STATE;
     let missing = required - given;
     let extra = given - required - optional;
@@ -324,6 +358,7 @@ pub(crate) fn apply_attrs(dst: &mut QpAttr, attr: &QpAttr, mask: QpAttrMask) {
         SQ_PSN => sq_psn,
         MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
         DEST_QPN => dest_qp_num,
+        QKEY => qkey,
     );
 }
 
@@ -382,6 +417,7 @@ pub(crate) fn check_send_wr(qp: &Qp, wr: &SendWr<'_>, limits: &Limits) -> Result
         flags: wr.flags,
         signaled: qp.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
         length,
+        ud: None,
         tx: WqeTx::default(),
     })
 }
@@ -413,5 +449,22 @@ mod tests {
         assert_eq!(legal, 9 + 12);
         assert!(rc_transition(QpState::Reset, QpState::Err).is_none());
         assert!(rc_transition(QpState::Sqe, QpState::Rts).is_none());
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn ud_masks_have_no_path_attributes() {
+        use QpAttrMask as M;
+        let (req, opt) = ud_transition(QpState::Reset, QpState::Init).unwrap();
+        assert_eq!((req, opt), (M::PKEY_INDEX | M::PORT | M::QKEY, M::empty()));
+        assert_eq!(
+            ud_transition(QpState::Init, QpState::Rtr).unwrap().0,
+            M::empty()
+        );
+        assert_eq!(
+            ud_transition(QpState::Rtr, QpState::Rts).unwrap().0,
+            M::SQ_PSN
+        );
+        assert!(ud_transition(QpState::Reset, QpState::Rtr).is_none());
     }
 }

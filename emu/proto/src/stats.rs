@@ -120,11 +120,16 @@ pub enum RxDropCause {
     /// A response outside the window of un-ACKed PSNs, or not the next one expected (a
     /// duplicate, or one after a lost response) (counted in `duplicate_response` too).
     StaleResponse,
+    /// A UD datagram for a QP with no receive WQE posted: dropped silently, never RNR
+    /// (counted in `dropped` too).
+    NoRecvWqe,
+    /// A UD datagram whose DETH Q_Key differs from the QP's (counted in `dropped` too).
+    BadQkey,
 }
 
 impl RxDropCause {
     /// Every cause, in declaration order.
-    pub const ALL: [RxDropCause; 12] = [
+    pub const ALL: [RxDropCause; 14] = [
         RxDropCause::AddressFamily,
         RxDropCause::BadIcrc,
         RxDropCause::Malformed,
@@ -137,6 +142,8 @@ impl RxDropCause {
         RxDropCause::DuplicateRequest,
         RxDropCause::ReceiverNotReady,
         RxDropCause::StaleResponse,
+        RxDropCause::NoRecvWqe,
+        RxDropCause::BadQkey,
     ];
 
     /// The counter's name in reports: `snake_case`, stable.
@@ -154,6 +161,8 @@ impl RxDropCause {
             RxDropCause::DuplicateRequest => "duplicate_request",
             RxDropCause::ReceiverNotReady => "receiver_not_ready",
             RxDropCause::StaleResponse => "stale_response",
+            RxDropCause::NoRecvWqe => "no_recv_wqe",
+            RxDropCause::BadQkey => "bad_qkey",
         }
     }
 
@@ -169,6 +178,8 @@ impl RxDropCause {
                 | C::WrongSource
                 | C::BadPkey
                 | C::ResponderBusy
+                | C::NoRecvWqe
+                | C::BadQkey
         )
     }
 }

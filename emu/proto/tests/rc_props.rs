@@ -395,6 +395,7 @@ fn post(p: &mut Pair, w: &Planned) {
         sg_list: &w.gather,
         inline_data: &w.inline,
         flags: w.flags,
+        ud: None,
     };
     match w.from {
         Side::A => p.post_a(&[wr]),

@@ -419,6 +419,7 @@ impl Completer {
             sg_list: &sges,
             inline_data: &inline_data,
             flags,
+            ud: None,
         };
         let state = self.state();
         if self.hca.post_send(self.now, self.qpn, &[wr]).is_err() {

@@ -521,6 +521,7 @@ impl Pair {
             sg_list: &w.gather,
             inline_data: &w.inline,
             flags: w.flags,
+            ud: None,
         };
         let n = &mut self.nodes[w.from];
         // Valid WRs, at most 12 of 64 slots; in ERR a post completes with a flush. A refusal

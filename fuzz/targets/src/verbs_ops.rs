@@ -578,9 +578,10 @@ impl Model {
         } else {
             None
         };
+        // UD QPs are implemented now, but this model follows RC QPs only: the other type it
+        // tries is UC, which stays `NotSupported`.
         let qp_type = match inp.below(16) {
-            14 => QpType::Uc,
-            15 => QpType::Ud,
+            14 | 15 => QpType::Uc,
             _ => QpType::Rc,
         };
         let wr = |inp: &mut Input<'_>| match inp.below(8) {
@@ -963,6 +964,7 @@ impl Model {
                     sg_list: sges,
                     inline_data: &inline_buf[..inline_len],
                     flags,
+                    ud: None,
                 }
             })
             .collect();

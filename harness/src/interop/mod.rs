@@ -1,5 +1,6 @@
 //! Wire interop with other RoCEv2 implementations (Linux rxe, a real NIC): `softverbs pingpong`
-//! ([`pingpong`], `ibv_rc_pingpong`'s protocol and output), `softverbs rdma-check`
+//! ([`pingpong`], `ibv_rc_pingpong`'s protocol and output), `softverbs ud-pingpong`
+//! ([`ud_pingpong`], `ibv_ud_pingpong`'s), `softverbs rdma-check`
 //! ([`rdma_check`], RDMA WRITE / READ / WRITE_WITH_IMM / atomics in both directions, verified
 //! on both sides) and `softverbs icrc-check` ([`icrc_check`], the ICRC of every packet of a
 //! capture verified over its real headers).
@@ -26,6 +27,7 @@ use verbs_api::{
 pub mod icrc_check;
 pub mod pingpong;
 pub mod rdma_check;
+pub mod ud_pingpong;
 pub mod wire;
 
 /// An interop failure, with a message for the user.

@@ -20,3 +20,4 @@ pub mod posting;
 pub mod qp_state;
 pub mod rdma;
 pub mod send_recv;
+pub mod ud;

@@ -146,7 +146,7 @@ pub(crate) fn cap_into(c: &QpCap) -> ibv_qp_cap {
 }
 
 /// [`AhAttr`] → `ibv_ah_attr`: always global (RoCE needs the GRH).
-fn ah_to(a: &AhAttr) -> ibv_ah_attr {
+pub(crate) fn ah_to(a: &AhAttr) -> ibv_ah_attr {
     ibv_ah_attr {
         grh: ibv_global_route {
             dgid: ibv_gid { raw: a.dgid.0 },

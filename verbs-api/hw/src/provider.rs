@@ -18,16 +18,17 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard}
 use std::time::{Duration, Instant};
 
 use verbs_api::{
-    AccessFlags, AsyncEvent, CompletionChannel, CompletionQueue, Context, Device, DeviceAttr,
-    Endpoint, Error, ErrorKind, Gid, MAX_24BIT, MemoryRegion, PortAttr, PostError,
-    ProtectionDomain, Provider, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, QueuePair,
-    ROCE_V2_UDP_PORT, RecvWr, Result, SendWr, SharedReceiveQueue, SrqAttr, WorkCompletion,
+    AccessFlags, AddressHandle, AhAttr, AsyncEvent, CompletionChannel, CompletionQueue, Context,
+    Device, DeviceAttr, Endpoint, Error, ErrorKind, Gid, MAX_24BIT, MemoryRegion, PortAttr,
+    PostError, ProtectionDomain, Provider, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType,
+    QueuePair, ROCE_V2_UDP_PORT, RecvWr, Result, SendWr, SharedReceiveQueue, SrqAttr,
+    WorkCompletion,
 };
 
 use crate::convert::{self, errno_error};
 use crate::ffi::loader;
 use crate::ffi::safe::{
-    DeviceList, RawChannel, RawContext, RawCq, RawMr, RawPd, RawQp, RawSrq, wait_readable,
+    DeviceList, RawAh, RawChannel, RawContext, RawCq, RawMr, RawPd, RawQp, RawSrq, wait_readable,
 };
 use crate::ffi::sys::{ibv_srq_attr, ibv_wc};
 use mr_region::Region;
@@ -162,6 +163,7 @@ impl Device for HwDevice {
             attr,
             pkey_tbl_len,
             next_handle: AtomicU32::new(1),
+            ahs: RwLock::new(HashMap::new()),
         })))
     }
 }
@@ -227,6 +229,8 @@ struct CtxInner {
     /// `pkey_tbl_len` of ports 1..=phys_port_cnt, read at open.
     pkey_tbl_len: Vec<u16>,
     next_handle: AtomicU32,
+    /// Live address handles by handle number: what a UD work request's `ah` names.
+    ahs: RwLock<HashMap<u32, Arc<RawAh>>>,
 }
 
 impl CtxInner {
@@ -307,6 +311,7 @@ impl Context for HwContext {
     type Channel = HwChannel;
     type Srq = HwSrq;
     type Qp = HwQp;
+    type Ah = HwAh;
 
     fn device_name(&self) -> String {
         self.0.name.clone()
@@ -500,6 +505,39 @@ impl Context for HwContext {
         })))
     }
 
+    fn create_ah(&self, pd: &HwPd, attr: &AhAttr) -> Result<HwAh> {
+        let raw_pd = self.own_pd(pd)?.live()?;
+        let port = attr.port_num.max(1);
+        self.0.check_port(port)?;
+        if attr.udp_dport != ROCE_V2_UDP_PORT {
+            return Err(Error::invalid(format!(
+                "udp_dport {} is not RoCEv2's {ROCE_V2_UDP_PORT}",
+                attr.udp_dport
+            )));
+        }
+        let raw_attr = convert::ah_to(&AhAttr {
+            port_num: port,
+            ..*attr
+        });
+        // As for a modify with AV: the kernel resolves the destination's Ethernet address and
+        // may give up with ETIMEDOUT under a slow VM; nothing was created, so try again.
+        let mut tries = 3;
+        let raw = loop {
+            tries -= 1;
+            match raw_pd.create_ah(raw_attr) {
+                Ok(raw) => break raw,
+                Err(libc::ETIMEDOUT) if tries > 0 => continue,
+                Err(e) => return Err(errno_error("ibv_create_ah", e)),
+            }
+        };
+        let handle = self.0.handle();
+        write(&self.0.ahs).insert(handle, Arc::new(raw));
+        Ok(HwAh(Arc::new(AhInner {
+            ctx: self.0.clone(),
+            handle,
+        })))
+    }
+
     fn poll_async_event(&self) -> Option<AsyncEvent> {
         loop {
             match self.0.raw.get_async_event() {
@@ -509,6 +547,54 @@ impl Context for HwContext {
                     }
                 }
                 Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+}
+
+// ---- AH -----------------------------------------------------------------------------------
+
+struct AhInner {
+    ctx: Arc<CtxInner>,
+    handle: u32,
+}
+
+impl Drop for AhInner {
+    fn drop(&mut self) {
+        // The context's table holds the AH; dropping it there destroys it.
+        write(&self.ctx.ahs).remove(&self.handle);
+    }
+}
+
+/// An address handle (`ibv_ah`); cheap to clone. UD work requests name it by
+/// [`AddressHandle::handle`], resolved in its context's table at post time.
+#[derive(Clone)]
+pub struct HwAh(Arc<AhInner>);
+
+impl std::fmt::Debug for HwAh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HwAh({})", self.0.handle)
+    }
+}
+
+impl AddressHandle for HwAh {
+    fn handle(&self) -> u32 {
+        self.0.handle
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let mut table = write(&self.0.ctx.ahs);
+        let raw = table
+            .remove(&self.0.handle)
+            .ok_or_else(|| destroyed("AH"))?;
+        match Arc::try_unwrap(raw) {
+            Ok(raw) => raw.destroy().map_err(|(raw, e)| {
+                table.insert(self.0.handle, Arc::new(raw));
+                errno_error("ibv_destroy_ah", e)
+            }),
+            Err(raw) => {
+                table.insert(self.0.handle, raw);
+                Err(Error::busy("the AH is in use"))
             }
         }
     }
@@ -575,7 +661,7 @@ impl ProtectionDomain for HwPd {
         destroy_shared(
             &self.0.raw,
             "PD",
-            "MR(s), QP(s) or SRQ(s)",
+            "MR(s), QP(s), SRQ(s) or AH(s)",
             RawPd::destroy,
             "ibv_dealloc_pd",
         )
@@ -1100,7 +1186,18 @@ impl QueuePair for HwQp {
                 ));
             }
         }
-        qp.post_send(wrs)
+        if self.0.qp_type == QpType::Ud {
+            // A UD WR without an AH would hand the provider a null `ibv_ah`.
+            if let Some(i) = wrs.iter().position(|w| w.ud.is_none()) {
+                return Err(PostError::new(
+                    i,
+                    Error::invalid("a UD send needs an AH, remote QPN and Q_Key"),
+                ));
+            }
+        }
+        // The read lock keeps every AH named by the chain alive across the post.
+        let ahs = read(&self.0.ctx.ahs);
+        qp.post_send(wrs, &|h| ahs.get(&h).map(|a| a.as_ptr()))
             .map_err(|e| post_error("ibv_post_send", e))
     }
 

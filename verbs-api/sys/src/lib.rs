@@ -288,7 +288,7 @@ pub struct ibv_send_wr_atomic {
     pub rkey: u32,
 }
 
-/// `wr.ud` of `ibv_send_wr` (declared for the union's size; UD is not posted).
+/// `wr.ud` of `ibv_send_wr`: the `ibv_ah` pointer, remote QPN and Q_Key of a UD send.
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct ibv_send_wr_ud {

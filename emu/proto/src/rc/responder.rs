@@ -208,7 +208,7 @@ fn accept(qp: &mut Qp, ack: bool, psn: Psn) {
 
 /// Takes the next receive WQE from the QP's RQ or its SRQ, raising SRQ_LIMIT_REACHED when the
 /// SRQ falls below an armed limit.
-fn take_recv_wqe(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Option<RecvWqe> {
+pub(crate) fn take_recv_wqe(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Option<RecvWqe> {
     let Some(srq) = qp.srq else {
         return qp.rq.pop_front();
     };

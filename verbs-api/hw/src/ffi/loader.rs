@@ -62,6 +62,8 @@ pub(crate) struct Verbs {
     pub(crate) query_qp:
         unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int,
     pub(crate) destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
+    pub(crate) create_ah: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut c_void,
+    pub(crate) destroy_ah: unsafe extern "C" fn(*mut c_void) -> c_int,
     pub(crate) get_async_event:
         unsafe extern "C" fn(*mut ibv_context, *mut ibv_async_event) -> c_int,
     pub(crate) ack_async_event: unsafe extern "C" fn(*mut ibv_async_event),
@@ -212,6 +214,8 @@ fn resolve_all(
         modify_qp: sym!(c"ibv_modify_qp", v1_1),
         query_qp: sym!(c"ibv_query_qp", v1_1),
         destroy_qp: sym!(c"ibv_destroy_qp", v1_1),
+        create_ah: sym!(c"ibv_create_ah", v1_1),
+        destroy_ah: sym!(c"ibv_destroy_ah", v1_1),
         get_async_event: sym!(c"ibv_get_async_event", v1_1),
         ack_async_event: sym!(c"ibv_ack_async_event", v1_1),
     })

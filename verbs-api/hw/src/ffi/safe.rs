@@ -64,7 +64,7 @@ macro_rules! thread_safe {
 }
 
 thread_safe!(
-    DeviceList, RawContext, RawPd, RawMr, RawChannel, RawCq, RawSrq, RawQp
+    DeviceList, RawContext, RawPd, RawMr, RawChannel, RawCq, RawSrq, RawQp, RawAh
 );
 
 // ---- devices ----------------------------------------------------------------------------
@@ -455,6 +455,19 @@ impl RawPd {
             pd: self.clone(),
             ptr,
             region,
+            freed: false,
+        })
+    }
+
+    /// Creates an address handle (`ibv_create_ah`) in this PD.
+    pub(crate) fn create_ah(self: &Arc<Self>, attr: ibv_ah_attr) -> Result<RawAh, i32> {
+        let mut attr = attr;
+        // SAFETY: live PD; `attr` is a valid `ibv_ah_attr` that outlives the call.
+        let ah = unsafe { (self.ctx.verbs.create_ah)(self.ptr.as_ptr(), &mut attr) };
+        let ptr = NonNull::new(ah).ok_or_else(last_errno)?;
+        Ok(RawAh {
+            pd: self.clone(),
+            ptr,
             freed: false,
         })
     }
@@ -882,7 +895,11 @@ struct SendChain {
 }
 
 impl SendChain {
-    fn new(wrs: &[SendWr<'_>]) -> Result<SendChain, (usize, i32)> {
+    /// `ah` maps a UD destination's AH handle to its `ibv_ah` pointer (`None`: no such AH).
+    fn new(
+        wrs: &[SendWr<'_>],
+        ah: &dyn Fn(u32) -> Option<*mut c_void>,
+    ) -> Result<SendChain, (usize, i32)> {
         let payload = |w: &SendWr<'_>| -> Result<Vec<ibv_sge>, i32> {
             if w.flags.contains(SendFlags::INLINE) {
                 if w.inline_data.is_empty() {
@@ -910,6 +927,13 @@ impl SendChain {
         let mut start = 0usize;
         for (i, (w, n)) in wrs.iter().zip(counts).enumerate() {
             let mut r = send_wr_raw(w);
+            if let Some(ud) = w.ud {
+                r.wr.ud = ibv_send_wr_ud {
+                    ah: ah(ud.ah).ok_or((i, EINVAL))?,
+                    remote_qpn: ud.remote_qpn,
+                    remote_qkey: ud.remote_qkey,
+                };
+            }
             r.num_sge = c_int::try_from(n).map_err(|_| (i, EINVAL))?;
             r.sg_list = if n == 0 {
                 ptr::null_mut()
@@ -924,6 +948,42 @@ impl SendChain {
             wrs: raw,
             _sges: sges,
         })
+    }
+}
+
+// ---- AH -----------------------------------------------------------------------------------
+
+/// An address handle (`ibv_ah`, opaque here), destroyed on drop; keeps its PD alive.
+pub(crate) struct RawAh {
+    pd: Arc<RawPd>,
+    ptr: NonNull<c_void>,
+    freed: bool,
+}
+
+impl RawAh {
+    /// The `ibv_ah` pointer a UD work request carries.
+    pub(crate) fn as_ptr(&self) -> *mut c_void {
+        self.ptr.as_ptr()
+    }
+
+    /// `ibv_destroy_ah`; on failure the AH is handed back with the errno.
+    pub(crate) fn destroy(mut self) -> Result<(), (RawAh, i32)> {
+        // SAFETY: live AH, owned exclusively here.
+        let rc = unsafe { (self.pd.ctx.verbs.destroy_ah)(self.ptr.as_ptr()) };
+        if rc != 0 {
+            return Err((self, rc_errno(rc)));
+        }
+        self.freed = true;
+        Ok(())
+    }
+}
+
+impl Drop for RawAh {
+    fn drop(&mut self) {
+        if !self.freed {
+            // SAFETY: live AH, destroyed once, before its PD Arc is released.
+            unsafe { (self.pd.ctx.verbs.destroy_ah)(self.ptr.as_ptr()) };
+        }
     }
 }
 
@@ -1060,12 +1120,17 @@ impl RawQp {
     }
 
     /// `ibv_post_send` through `ctx->ops.post_send`; on failure, the index of the first work
-    /// request not posted and the errno.
-    pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, i32)> {
+    /// request not posted and the errno. `ah` resolves UD destinations' AH handles to live
+    /// `ibv_ah` pointers, which the caller keeps alive across the call.
+    pub(crate) fn post_send(
+        &self,
+        wrs: &[SendWr<'_>],
+        ah: &dyn Fn(u32) -> Option<*mut c_void>,
+    ) -> Result<(), (usize, i32)> {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut chain = SendChain::new(wrs)?;
+        let mut chain = SendChain::new(wrs, ah)?;
         // SAFETY: live QP; the ops table is set at open and never changes.
         let post =
             unsafe { (*(*self.ptr.as_ptr()).context).ops.post_send }.ok_or((0, EOPNOTSUPP))?;
@@ -1157,7 +1222,7 @@ mod tests {
             SendWr::inline(2, SendOp::SendWithImm { imm: 0x0102_0304 }, &data),
             SendWr::new(3, SendOp::Send, &[]),
         ];
-        let chain = SendChain::new(&wrs).unwrap();
+        let chain = SendChain::new(&wrs, &|_| None).unwrap();
         let w = &chain.wrs;
         assert_eq!(w[0].next, ptr::from_ref(&w[1]).cast_mut());
         assert_eq!(w[1].next, ptr::from_ref(&w[2]).cast_mut());
@@ -1176,5 +1241,25 @@ mod tests {
         assert_eq!((rdma.remote_addr, rdma.rkey), (0xdead_0000, 0x55));
         assert_eq!(bad_index(w.as_ptr(), &w[2], 3), 2);
         assert_eq!(bad_index(w.as_ptr(), ptr::null(), 3), 0);
+    }
+
+    #[test]
+    fn send_chain_fills_ud_and_refuses_unknown_ahs() {
+        use verbs_api::UdDest;
+        let ud = UdDest {
+            ah: 4,
+            remote_qpn: 0x12,
+            remote_qkey: 0x1111,
+        };
+        let wrs = [SendWr::new(1, SendOp::Send, &[]).with_ud(ud)];
+        let fake = 0x4000usize as *mut c_void;
+        let chain = SendChain::new(&wrs, &|h| (h == 4).then_some(fake)).unwrap();
+        // SAFETY: the ud member was the one written for a UD send.
+        let got = unsafe { chain.wrs[0].wr.ud };
+        assert_eq!(
+            (got.ah, got.remote_qpn, got.remote_qkey),
+            (fake, 0x12, 0x1111)
+        );
+        assert_eq!(SendChain::new(&wrs, &|_| None).err(), Some((0, EINVAL)));
     }
 }

@@ -363,6 +363,8 @@ struct NodeState {
     killed_at: Option<u64>,
     timed_out: bool,
     pauses: Vec<(u64, u64)>,
+    /// Problems the node reported as it went (all of them are in `summary` if it drained).
+    problems: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -529,6 +531,7 @@ impl Orchestrator {
                 state.ops = ops;
                 state.finished = true;
             }
+            FromNode::Problems { problems } if gen0 => state.problems.extend(problems),
             FromNode::Done(summary) if gen0 => state.summary = Some(summary),
             FromNode::Error { message } => self.node_error(slot, message),
             _ => {}
@@ -985,11 +988,11 @@ impl Orchestrator {
                     drained: n.summary.is_some(),
                     exited_cleanly,
                     end_note,
+                    // A node killed before it drained reported its problems as it went.
                     problems: n
                         .summary
                         .as_ref()
-                        .map(|s| s.problems.clone())
-                        .unwrap_or_default(),
+                        .map_or_else(|| n.problems.clone(), |s| s.problems.clone()),
                     error: n.error.clone(),
                     timed_out: n.timed_out,
                 }

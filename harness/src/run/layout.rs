@@ -186,6 +186,9 @@ pub enum RecordKind {
     Send = 4,
 }
 
+/// The immediate-data bit that marks a pong (the rest is the ping's number).
+pub const PONG: u32 = 0x8000_0000;
+
 /// Magic number at the start of every record: "SVRC".
 pub const RECORD_MAGIC: u32 = 0x5356_5243;
 /// Bytes of a record header.

@@ -27,7 +27,7 @@ use verbs_api::{
     WcStatus, WorkCompletion, connect_rc,
 };
 
-use crate::run::layout::{self, RecordKind, Rng, Workload};
+use crate::run::layout::{self, PONG, RecordKind, Rng, Workload};
 use crate::run::log::{Entry, LogWriter, OpKind, Posted};
 use crate::run::plan::shift_plan;
 use crate::run::proto::{
@@ -42,8 +42,6 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The immediate-data bit that marks a pong.
-const PONG: u32 = 0x8000_0000;
 /// Send WRs a node keeps outstanding on one QP at most (the send queue holds 64).
 const SQ_LIMIT: usize = 60;
 /// Receive WRs a node keeps posted on one QP.

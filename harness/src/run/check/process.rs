@@ -21,7 +21,7 @@ impl Input<'_> {
 
     /// Node `i`'s pauses (start, length in ms) long enough (pause + one ACK timeout ≥ the
     /// retry budget) for its peers to give up on it, or for it to give up on them.
-    fn long_pauses(&self, i: u32) -> impl Iterator<Item = (u64, u64)> + '_ {
+    pub(super) fn long_pauses(&self, i: u32) -> impl Iterator<Item = (u64, u64)> + '_ {
         let timeout_ms = self.ev.qp.ack_timeout().as_millis() as u64;
         let budget_ms = self.budget_ms();
         self.fact(i)
@@ -32,7 +32,7 @@ impl Input<'_> {
     }
 
     /// Node `i`'s pauses, summed, in ms.
-    fn paused_ms(&self, i: u32) -> u64 {
+    pub(super) fn paused_ms(&self, i: u32) -> u64 {
         self.fact(i).pauses.iter().map(|&(_, d)| d).sum()
     }
 

@@ -149,3 +149,57 @@ fn a_run_that_overstays_its_timeout_is_stopped_and_reported() {
     assert_eq!(num(&out.invariant("write-data")["violation_count"]), 0);
     assert!(num(&out.invariant("write-data")["checked"]) > 0);
 }
+
+/// `--self-test KIND` plants one failure of each kind the verifier must catch; each run must
+/// fail with the invariant that names it, and nothing else may break.
+#[test]
+fn every_planted_failure_kind_fails_the_run() {
+    let cases = [
+        ("lost-receive", &["send-delivery"][..]),
+        ("duplicated-atomic", &["atomic-exactly-once"][..]),
+        ("misplaced-write", &["write-data", "untouched-memory"][..]),
+        ("ack-without-delivery", &["write-data"][..]),
+        ("accepted-psn-gap", &["send-data"][..]),
+    ];
+    for (kind, caught_by) in cases {
+        let out = run(
+            &format!("self-test-{kind}"),
+            &[
+                "--nodes",
+                "2",
+                "--workload",
+                "mixed",
+                "--ops",
+                "200",
+                "--seed",
+                "5",
+                "--self-test",
+                kind,
+                "--timeout",
+                "30s",
+            ],
+            None,
+            LIMIT,
+        );
+        assert_eq!(out.code, 1, "{kind}: {}", out.dump());
+        let report = out.report();
+        assert_eq!(report["passed"], false, "{kind}");
+        assert!(
+            report["harness_errors"].as_array().unwrap().is_empty(),
+            "{kind}: {report}"
+        );
+        let failed: Vec<&str> = report["invariants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| num(&i["violation_count"]) > 0)
+            .map(|i| i["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(failed, caught_by, "{kind}: {report}");
+        assert!(
+            out.stdout.contains(&format!("--self-test {kind}")),
+            "{kind}: the replay names the self-test\n{}",
+            out.dump()
+        );
+    }
+}

@@ -34,6 +34,7 @@ pub mod orchestrator;
 pub mod plan;
 pub mod proto;
 pub mod report;
+pub mod selftest;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -109,6 +110,10 @@ pub struct RunArgs {
     /// Flip a byte of the evidence after the run (proves the checker can fail).
     #[arg(long, hide = true)]
     pub self_test_corrupt: bool,
+    /// Plant one failure of this kind in the evidence after the run, before the check (the
+    /// verifier's own test: the run must fail).
+    #[arg(long, hide = true, value_enum, value_name = "KIND")]
+    pub self_test: Option<selftest::SelfTest>,
 }
 
 /// Sends `sig` to the child process `pid`.

@@ -21,6 +21,7 @@ use crate::run::node::unix_ms;
 use crate::run::plan::{self, ProcessAction, ProcessFault, RunPlan, Trigger, format_duration};
 use crate::run::proto::{FromNode, NodeConfig, NodeSummary, PeerInfo, QpParams, ToNode};
 use crate::run::report::{Detection, FaultReport, NodeReport, PlanInfo, QpInfo, Report, render};
+use crate::run::selftest::{self, SelfTest};
 use crate::run::{EXIT_HARNESS, EXIT_PASS, EXIT_USAGE, EXIT_VIOLATION, RunArgs, signal};
 
 /// How long setup (spawn, hello, connect) may take.
@@ -44,6 +45,7 @@ struct Config {
     slack: Duration,
     timeout: Duration,
     self_test_corrupt: bool,
+    self_test: Option<SelfTest>,
     exe: PathBuf,
 }
 
@@ -207,6 +209,18 @@ pub fn execute(args: &RunArgs, opts: &Options) -> Result<Report, RunError> {
                 .push(format!("self-test corruption failed: {e}")),
         }
     }
+    if let Some(kind) = orch.cfg.self_test {
+        let run = selftest::Run {
+            dir: &orch.cfg.run_dir,
+            nodes: orch.cfg.nodes,
+            workload: orch.cfg.workload,
+        };
+        match selftest::plant(kind, run) {
+            Ok(what) if !opts.quiet => eprintln!("softverbs run: self-test: planted {what}"),
+            Ok(_) => {}
+            Err(e) => orch.harness_errors.push(e),
+        }
+    }
     Ok(orch.report(started))
 }
 
@@ -291,6 +305,7 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
         slack: args.slack,
         timeout,
         self_test_corrupt: args.self_test_corrupt,
+        self_test: args.self_test,
         exe,
     })
 }
@@ -1030,6 +1045,9 @@ impl Orchestrator {
         }
         if c.self_test_corrupt {
             cmd += " --self-test-corrupt";
+        }
+        if let Some(kind) = c.self_test {
+            cmd += &format!(" --self-test {}", kind.name());
         }
         cmd
     }

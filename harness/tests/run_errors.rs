@@ -26,6 +26,10 @@ fn a_bad_plan_file_is_refused_with_its_line_and_field() {
             "line 2, column 8: process[0]: field `node`: node 5 does not exist",
         ),
         (
+            "[[process]]\nnode = 1\naction = \"pause\"\nat = \"100ms\"\nduration = \"5000000000s\"\n",
+            "field `duration`: time `5000000000s` is too long: at most 604800s (7 days)",
+        ),
+        (
             "[[process]]\nnode = 1\naction = \"explode\"\nat = \"100ms\"\n",
             "line 3, column 10: process[0]: field `action`",
         ),
@@ -45,6 +49,25 @@ fn a_bad_plan_file_is_refused_with_its_line_and_field() {
             !out.run_dir.exists(),
             "nothing started, not even the run dir"
         );
+    }
+}
+
+/// Times too long to honour are refused with a message, never cut short into a PASS.
+#[test]
+fn times_that_would_overflow_are_refused() {
+    for (flag, value) in [
+        ("--duration", "5000000000s"),
+        ("--slack", "18446744073709551615ms"),
+        ("--timeout", "604801s"),
+    ] {
+        let out = run("too-long", &[flag, value], None, LIMIT);
+        assert_eq!(out.code, 2, "{flag} {value}\n{}", out.dump());
+        assert!(
+            out.stderr.contains(&format!("time `{value}` is too long")),
+            "{flag} {value}\n{}",
+            out.dump()
+        );
+        assert!(out.report.is_none(), "{}", out.dump());
     }
 }
 

@@ -397,10 +397,10 @@ mod tests {
             }
         }
         // Only whole words take atomics: offset 5 is the first, 53 is past the last.
-        assert!(r.atomic(5, |v| Some(v)).is_ok());
-        assert_eq!(r.atomic(0, |v| Some(v)), Err(OutOfBounds));
-        assert_eq!(r.atomic(45, |v| Some(v)).map(|_| ()), Ok(()));
-        assert_eq!(r.atomic(53, |v| Some(v)), Err(OutOfBounds));
+        assert!(r.atomic(5, Some).is_ok());
+        assert_eq!(r.atomic(0, Some), Err(OutOfBounds));
+        assert_eq!(r.atomic(45, Some).map(|_| ()), Ok(()));
+        assert_eq!(r.atomic(53, Some), Err(OutOfBounds));
         drop(r);
         // Nothing outside the region was touched.
         let first = words[0].load(Ordering::Relaxed).to_ne_bytes();

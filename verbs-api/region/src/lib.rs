@@ -241,6 +241,21 @@ impl Region {
                     buf[at] = unsafe { self.edge_byte(pos) }.load(Ordering::Relaxed);
                     pos += 1;
                 }
+                Piece::Word {
+                    word,
+                    within: 0,
+                    n: 8,
+                } => {
+                    // The tight loop: every whole word from here that the copy covers.
+                    let words = (end.min(span.1) - word) / 8;
+                    let out = &mut buf[at..at + words * 8];
+                    for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
+                        // SAFETY: word + 8k + 8 <= min(end, hi): a whole word of `word_span`.
+                        let w = unsafe { self.whole_word(word + 8 * k) }.load(Ordering::Relaxed);
+                        chunk.copy_from_slice(&w.to_ne_bytes());
+                    }
+                    pos += words * 8;
+                }
                 Piece::Word { word, within, n } => {
                     // SAFETY: `piece` returned a whole word of `word_span`.
                     let w = unsafe { self.whole_word(word) }.load(Ordering::Relaxed);
@@ -253,9 +268,9 @@ impl Region {
     }
 
     /// Copies `data` into the region at `offset`, with the access sizes of [`Region::read`]:
-    /// a whole word the copy covers is stored as one `AtomicU64`; one it covers in part is
-    /// updated with a compare-and-swap loop that keeps its other bytes; edge bytes are stored
-    /// as `AtomicU8`.
+    /// a whole word the copy covers is stored as one `AtomicU64`; one it covers in part (at
+    /// most one at each end of the copy) is updated with a compare-and-swap loop that keeps
+    /// its other bytes; edge bytes are stored as `AtomicU8`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
         self.check(offset, data.len())?;
         let span = self.word_span();
@@ -269,21 +284,32 @@ impl Region {
                     unsafe { self.edge_byte(pos) }.store(data[at], Ordering::Relaxed);
                     pos += 1;
                 }
+                Piece::Word {
+                    word,
+                    within: 0,
+                    n: 8,
+                } => {
+                    // The tight loop: every whole word from here that the copy covers.
+                    let words = (end.min(span.1) - word) / 8;
+                    for (k, chunk) in data[at..at + words * 8].chunks_exact(8).enumerate() {
+                        let mut w = [0u8; 8];
+                        w.copy_from_slice(chunk);
+                        // SAFETY: word + 8k + 8 <= min(end, hi): a whole word of `word_span`.
+                        unsafe { self.whole_word(word + 8 * k) }
+                            .store(u64::from_ne_bytes(w), Ordering::Relaxed);
+                    }
+                    pos += words * 8;
+                }
                 Piece::Word { word, within, n } => {
                     // SAFETY: `piece` returned a whole word of `word_span`.
                     let cell = unsafe { self.whole_word(word) };
+                    // Part of a word: keep its other bytes, whoever writes them meanwhile.
                     let part = &data[at..at + n];
-                    if n == 8 {
-                        let mut w = [0u8; 8];
-                        w.copy_from_slice(part);
-                        cell.store(u64::from_ne_bytes(w), Ordering::Relaxed);
-                    } else {
-                        let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                            let mut w = old.to_ne_bytes();
-                            w[within..within + n].copy_from_slice(part);
-                            Some(u64::from_ne_bytes(w))
-                        });
-                    }
+                    let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                        let mut w = old.to_ne_bytes();
+                        w[within..within + n].copy_from_slice(part);
+                        Some(u64::from_ne_bytes(w))
+                    });
                     pos += n;
                 }
             }

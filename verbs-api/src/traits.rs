@@ -98,8 +98,8 @@ pub trait Context: Clone + Send + Sync + 'static {
     /// mapped, and committed as it is touched).
     fn alloc_mr(&self, pd: &Self::Pd, len: usize, access: AccessFlags) -> Result<Self::Mr>;
 
-    /// Registers a shared mapping of the file at `path`, created if absent and grown to `len`
-    /// bytes, so that another process can map the same file and inspect what peers wrote.
+    /// Registers a shared mapping of the file at `path`, created if absent (mode 0600 on Unix)
+    /// and grown to `len` bytes, so that another process can map the same file and inspect what peers wrote.
     /// Same errors as [`Context::alloc_mr`], plus `Io` when the file cannot be mapped.
     ///
     /// Contract: the file must keep at least `len` bytes while the MR is registered. Shrinking

@@ -31,6 +31,7 @@
 
 use std::fs::OpenOptions;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -106,7 +107,8 @@ impl Region {
         })
     }
 
-    /// A shared, writable mapping of `path`, created if missing and grown to `len` (> 0) bytes.
+    /// A shared, writable mapping of `path`, created if missing (mode 0600: it holds
+    /// application data) and grown to `len` (> 0) bytes.
     ///
     /// Contract (the one `Context::reg_mr_file` passes on): the file keeps at least `len`
     /// bytes while the region lives. If any process shrinks it, every later access to the
@@ -119,6 +121,7 @@ impl Region {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(path)?;
         let wanted = u64::try_from(len).map_err(io::Error::other)?;
         if file.metadata()?.len() < wanted {
@@ -506,6 +509,10 @@ mod tests {
         drop(r);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(bytes.len(), 64);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
         assert_eq!(&bytes[10..15], b"hello");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -437,6 +437,16 @@ struct NodeState {
     problems: Vec<String>,
 }
 
+impl NodeState {
+    /// Every problem the node reported: all of them are in its summary if it drained; a node
+    /// killed before that reported them as it went (`problems` messages).
+    fn problems(&self) -> Vec<String> {
+        self.summary
+            .as_ref()
+            .map_or_else(|| self.problems.clone(), |s| s.problems.clone())
+    }
+}
+
 #[derive(Clone, Debug)]
 enum FaultState {
     Pending,
@@ -1062,11 +1072,7 @@ impl Orchestrator {
                     drained: n.summary.is_some(),
                     exited_cleanly,
                     end_note,
-                    // A node killed before it drained reported its problems as it went.
-                    problems: n
-                        .summary
-                        .as_ref()
-                        .map_or_else(|| n.problems.clone(), |s| s.problems.clone()),
+                    problems: n.problems(),
                     error: n.error.clone(),
                     timed_out: n.timed_out,
                 }
@@ -1370,4 +1376,24 @@ fn corrupt_evidence(cfg: &Config) -> Result<String, String> {
         "one byte of the {what} ({} at +{off:#x})",
         path.display()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_killed_nodes_streamed_problems_are_its_facts() {
+        let mut n = NodeState::default();
+        assert!(n.problems().is_empty());
+        // Killed before it drained: what it streamed.
+        n.problems = vec!["bad record".to_owned()];
+        assert_eq!(n.problems(), ["bad record"]);
+        // Drained: the summary holds them all (the streamed ones and any later).
+        n.summary = Some(Box::new(NodeSummary {
+            problems: vec!["bad record".to_owned(), "late one".to_owned()],
+            ..NodeSummary::default()
+        }));
+        assert_eq!(n.problems(), ["bad record", "late one"]);
+    }
 }

@@ -510,10 +510,17 @@ mod tests {
         let mut fx = mesh();
         assert!(node_self_checks(&fx.input()).passed());
         fx.fact(1).problems = vec!["pong 3 out of turn".to_owned(), "bad record".to_owned()];
+        // A killed node's problems (streamed before its kill) count as much.
+        fx.fact(2).killed_at = Some(T0 + 10);
+        fx.fact(2).problems = vec!["receive slot 4: payload CRC mismatch".to_owned()];
         let inv = node_self_checks(&fx.input());
         assert_eq!(
             inv.violations,
-            ["node 1: pong 3 out of turn", "node 1: bad record"]
+            [
+                "node 1: pong 3 out of turn",
+                "node 1: bad record",
+                "node 2: receive slot 4: payload CRC mismatch",
+            ]
         );
         assert_eq!(inv.checked, 3);
     }

@@ -90,6 +90,8 @@ pub fn main(args: &DemoArgs) -> u8 {
         slack: Duration::from_millis(500),
         timeout: Some(args.duration + Duration::from_secs(30)),
         self_test_corrupt: false,
+        self_test: None,
+        keep: false,
     };
     println!(
         "softverbs demo: 3 node processes, each an emulated RoCEv2 device on UDP loopback, run\n\

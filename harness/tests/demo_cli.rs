@@ -23,7 +23,7 @@ fn the_demo_passes_with_a_verified_summary() {
         "softverbs demo: 3 node processes",
         "result: PASS",
         "demo: node 1 was stopped at",
-        "demo: 10 of 10 invariants held",
+        "demo: 12 of 12 invariants held",
         "demo: PASS",
     ] {
         assert!(stdout.contains(want), "no {want:?} in\n{stdout}");

@@ -342,3 +342,55 @@ fn bad_flags_exit_2_with_a_message() {
         assert!(out.stdout.trim().is_empty(), "{args:?}\n{}", out.dump());
     }
 }
+
+/// A perf server checks the configuration a client sends before it sizes anything: a client
+/// asking for 2^60-byte buffers gets an error line, and the server exits 2 naming the field.
+#[test]
+fn a_server_refuses_a_configuration_out_of_range() {
+    use std::io::{BufRead, BufReader, Write};
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = Guard(Some(
+        Command::new(env!("CARGO_BIN_EXE_softverbs"))
+            .args(["perf", "write_bw", "--server", "--port", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let child = guard.0.as_mut().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let config = r#"{"test":"write_bw","runs":[{"size":65536,"loss":0.0}],"max_size":1152921504606846976,"iters":5,"duration":null,"qps":1,"tx_depth":128,"rx_depth":512,"cq_mod":100,"post_list":1,"mtu":4096,"qp_timeout":14,"busy_poll":false,"no_gso":false,"events":false,"spin_yield":false,"baseline":false,"seed":1}"#;
+    writeln!(stream, "config {config}").unwrap();
+    let mut reply = String::new();
+    BufReader::new(&stream).read_line(&mut reply).unwrap();
+    assert!(
+        reply.starts_with("error bad configuration from the client: max_size"),
+        "{reply}"
+    );
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    guard.0 = None;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("max_size 1152921504606846976 is outside 1..=8388608"),
+        "{stderr}"
+    );
+}

@@ -26,6 +26,10 @@ fn a_bad_plan_file_is_refused_with_its_line_and_field() {
             "line 2, column 8: process[0]: field `node`: node 5 does not exist",
         ),
         (
+            "[[process]]\nnode = 1\naction = \"pause\"\nat = \"100ms\"\nduration = \"5000000000s\"\n",
+            "field `duration`: time `5000000000s` is too long: at most 604800s (7 days)",
+        ),
+        (
             "[[process]]\nnode = 1\naction = \"explode\"\nat = \"100ms\"\n",
             "line 3, column 10: process[0]: field `action`",
         ),
@@ -45,6 +49,25 @@ fn a_bad_plan_file_is_refused_with_its_line_and_field() {
             !out.run_dir.exists(),
             "nothing started, not even the run dir"
         );
+    }
+}
+
+/// Times too long to honour are refused with a message, never cut short into a PASS.
+#[test]
+fn times_that_would_overflow_are_refused() {
+    for (flag, value) in [
+        ("--duration", "5000000000s"),
+        ("--slack", "18446744073709551615ms"),
+        ("--timeout", "604801s"),
+    ] {
+        let out = run("too-long", &[flag, value], None, LIMIT);
+        assert_eq!(out.code, 2, "{flag} {value}\n{}", out.dump());
+        assert!(
+            out.stderr.contains(&format!("time `{value}` is too long")),
+            "{flag} {value}\n{}",
+            out.dump()
+        );
+        assert!(out.report.is_none(), "{}", out.dump());
     }
 }
 
@@ -148,4 +171,58 @@ fn a_run_that_overstays_its_timeout_is_stopped_and_reported() {
     // What the nodes did before they were stopped still checks out.
     assert_eq!(num(&out.invariant("write-data")["violation_count"]), 0);
     assert!(num(&out.invariant("write-data")["checked"]) > 0);
+}
+
+/// `--self-test KIND` plants one failure of each kind the verifier must catch; each run must
+/// fail with the invariant that names it, and nothing else may break.
+#[test]
+fn every_planted_failure_kind_fails_the_run() {
+    let cases = [
+        ("lost-receive", &["send-delivery"][..]),
+        ("duplicated-atomic", &["atomic-exactly-once"][..]),
+        ("misplaced-write", &["write-data", "untouched-memory"][..]),
+        ("ack-without-delivery", &["write-data"][..]),
+        ("accepted-psn-gap", &["send-data"][..]),
+    ];
+    for (kind, caught_by) in cases {
+        let out = run(
+            &format!("self-test-{kind}"),
+            &[
+                "--nodes",
+                "2",
+                "--workload",
+                "mixed",
+                "--ops",
+                "200",
+                "--seed",
+                "5",
+                "--self-test",
+                kind,
+                "--timeout",
+                "30s",
+            ],
+            None,
+            LIMIT,
+        );
+        assert_eq!(out.code, 1, "{kind}: {}", out.dump());
+        let report = out.report();
+        assert_eq!(report["passed"], false, "{kind}");
+        assert!(
+            report["harness_errors"].as_array().unwrap().is_empty(),
+            "{kind}: {report}"
+        );
+        let failed: Vec<&str> = report["invariants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| num(&i["violation_count"]) > 0)
+            .map(|i| i["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(failed, caught_by, "{kind}: {report}");
+        assert!(
+            out.stdout.contains(&format!("--self-test {kind}")),
+            "{kind}: the replay names the self-test\n{}",
+            out.dump()
+        );
+    }
 }

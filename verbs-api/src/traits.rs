@@ -96,13 +96,21 @@ pub trait Context: Clone + Send + Sync + 'static {
     /// backend allocates). Access it with [`MemoryRegion::read`]/[`MemoryRegion::write`].
     ///
     /// Errors: `len` 0 or above `max_mr_size`, REMOTE_WRITE or REMOTE_ATOMIC without
-    /// LOCAL_WRITE (rc-transport.md §7.2), unknown access bits → `InvalidArgument`; too many MRs
-    /// → `NoMemory`.
+    /// LOCAL_WRITE (rc-transport.md §7.2), unknown access bits → `InvalidArgument`; too many MRs,
+    /// or `len` bytes the machine cannot provide → `NoMemory` (never an abort: the memory is
+    /// mapped, and committed as it is touched).
     fn alloc_mr(&self, pd: &Self::Pd, len: usize, access: AccessFlags) -> Result<Self::Mr>;
 
-    /// Registers a shared mapping of the file at `path`, created if absent and grown to `len`
-    /// bytes, so that another process can map the same file and inspect what peers wrote.
+    /// Registers a shared mapping of the file at `path`, created if absent (mode 0600 on Unix)
+    /// and grown to `len` bytes, so that another process can map the same file and inspect what peers wrote.
     /// Same errors as [`Context::alloc_mr`], plus `Io` when the file cannot be mapped.
+    ///
+    /// Contract: the file must keep at least `len` bytes while the MR is registered. Shrinking
+    /// it (`truncate`, `ftruncate` by any process) turns every later access to the pages past
+    /// its new end — a peer's WRITE, a local copy — into SIGBUS, which kills the process:
+    /// softverbs does not catch it. Other processes may read and write the file's bytes,
+    /// through `pread`/`pwrite` or a shared mapping (with the access sizes of `mr-region`'s
+    /// module docs for concurrent access), but not resize it.
     fn reg_mr_file(
         &self,
         pd: &Self::Pd,
@@ -116,10 +124,24 @@ pub trait Context: Clone + Send + Sync + 'static {
     /// # Safety
     ///
     /// The caller guarantees that the range is valid for reads and writes for as long as the MR
-    /// is registered (until `destroy` succeeds or the last handle is dropped), that it is not
-    /// deallocated or remapped meanwhile, and that concurrent accesses by the caller to bytes a
-    /// peer may write are acceptable (as on hardware, overlapping accesses give unspecified
-    /// bytes but never touch memory outside the range).
+    /// is registered (until `destroy` succeeds or the last handle is dropped), and that it is
+    /// not deallocated, remapped or shrunk meanwhile.
+    ///
+    /// While the MR is registered the device may read or write any byte of the range at any
+    /// moment a peer's operation or a posted WR targets it, with atomic accesses of the sizes
+    /// `mr-region` documents (an `AtomicU64` per aligned 8-byte word inside the range, an
+    /// `AtomicU8` per byte at its unaligned ends). So the caller:
+    /// - may access bytes with plain (non-atomic) loads and stores, or through references
+    ///   (`&[u8]`, `&mut [u8]`), only while no device access to them can be in flight: before
+    ///   posting the WR that uses them, after polling its completion, and — for bytes a peer
+    ///   may reach — only when the application's protocol says the peer is done with them
+    ///   (polling the completion is the synchronisation point);
+    /// - may access bytes concurrently with the device only through
+    ///   [`MemoryRegion::read`]/[`MemoryRegion::write`], or with atomics of those same sizes;
+    /// - must not do anything else concurrently: a plain access, or an atomic of another size,
+    ///   racing with the device's is a data race (undefined behaviour), not merely unspecified
+    ///   bytes. Overlapping atomic accesses give unspecified bytes but never touch memory
+    ///   outside the range.
     #[allow(unsafe_code)] // declares the contract only; implementations hold the unsafe code
     unsafe fn reg_mr_raw(
         &self,

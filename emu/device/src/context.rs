@@ -211,7 +211,15 @@ impl<P: Port> verbs_api::Context for Context<P> {
         if len as u64 > max {
             return Err(Error::invalid("MR length above max_mr_size"));
         }
-        self.register(pd, Region::heap(len), access, true)
+        // An anonymous mapping: pages are only committed when touched, and a length the
+        // machine cannot hold fails here (ENOMEM) instead of aborting the process.
+        let region = Region::anon(len).map_err(|e| {
+            Error::new(
+                ErrorKind::NoMemory,
+                format!("cannot map {len} bytes for the MR: {e}"),
+            )
+        })?;
+        self.register(pd, region, access, true)
     }
 
     fn reg_mr_file(

@@ -168,3 +168,26 @@ fn an_ah_keeps_its_pd_until_destroyed_or_dropped() {
     let err = ctx.create_ah(&foreign, &attr).unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
 }
+
+#[test]
+fn an_mr_the_machine_cannot_hold_is_no_memory_not_an_abort() {
+    let ctx = Bare::open(MrAddresses::Synthetic);
+    let pd = ctx.alloc_pd().unwrap();
+    // 1 TiB, the device's max_mr_size: more than this machine's memory and swap, so the
+    // kernel refuses the mapping (with overcommit off or heuristic). Under `vm.overcommit_memory
+    // = 1` it maps lazily instead; either way the process does not abort.
+    let len = usize::try_from(ctx.query_device().unwrap().max_mr_size).unwrap();
+    match ctx.alloc_mr(&pd, len, RW) {
+        Err(e) => assert_eq!(e.kind, ErrorKind::NoMemory, "{e}"),
+        Ok(mr) => {
+            // Only the touched page is committed.
+            mr.write(len - 8, &[1; 8]).unwrap();
+            mr.destroy().unwrap();
+        }
+    }
+    // A large MR that fits is mapped lazily: nothing is committed until touched.
+    let mr = ctx.alloc_mr(&pd, 1 << 30, RW).unwrap();
+    let mut b = [9u8; 4];
+    mr.read((1 << 30) - 4, &mut b).unwrap();
+    assert_eq!(b, [0; 4]);
+}

@@ -378,6 +378,47 @@ pub(crate) struct Config {
 }
 
 impl Config {
+    /// Checks a configuration received from a client against the limits the flags enforce,
+    /// so that a server never sizes buffers, queues or loops from unchecked numbers. The
+    /// error names the first field out of range.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let in_range = |name: &str, v: u64, lo: u64, hi: u64| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{name} {v} is outside {lo}..={hi}"))
+            }
+        };
+        in_range("max_size", self.max_size, 1, MAX_ALL_SIZE)?;
+        in_range("qps", u64::from(self.qps), 1, 256)?;
+        if u64::from(self.qps) * self.max_size * 2 > 1 << 30 {
+            return Err("qps × max_size needs more than 1 GiB of buffers".to_owned());
+        }
+        in_range("iters", self.iters, 5, u64::MAX)?;
+        if let Some(d) = self.duration {
+            in_range("duration", u64::from(d), 1, 3600)?;
+        }
+        in_range("tx_depth", u64::from(self.tx_depth), 1, 8192)?;
+        in_range("rx_depth", u64::from(self.rx_depth), 1, 8192)?;
+        in_range("cq_mod", u64::from(self.cq_mod), 1, 8192)?;
+        in_range("post_list", u64::from(self.post_list), 1, 1024)?;
+        in_range("qp_timeout", u64::from(self.qp_timeout), 1, 31)?;
+        if !matches!(self.mtu, 256 | 512 | 1024 | 2048 | 4096) {
+            return Err(format!(
+                "mtu {} is not one of 256, 512, 1024, 2048, 4096",
+                self.mtu
+            ));
+        }
+        in_range("runs", self.runs.len() as u64, 1, 1024)?;
+        for r in &self.runs {
+            in_range("size", r.size, 1, self.max_size)?;
+            if !(0.0..1.0).contains(&r.loss) {
+                return Err(format!("loss {} is not a fraction in [0, 1)", r.loss));
+            }
+        }
+        Ok(())
+    }
+
     /// The flags' configuration, or a usage error.
     fn from_args(a: &PerfArgs) -> Result<(Config, TestName), PerfError> {
         let test = match (a.test, a.sweep_loss) {
@@ -670,6 +711,9 @@ fn serve_tcp(args: &PerfArgs) -> Result<(), PerfError> {
 fn serve_session(ctl: &mut TcpCtl, udp_ip: IpAddr) -> Result<(), PerfError> {
     let cfg: Config = serde_json::from_str(&ctl.expect("config")?)
         .map_err(|e| PerfError::run(format!("bad configuration from the client: {e}")))?;
+    // Numbers from the network: refused like bad flags (exit 2), before anything is sized.
+    cfg.check()
+        .map_err(|e| PerfError::usage(format!("bad configuration from the client: {e}")))?;
     let ctx = udp_context(udp_ip, &cfg)?;
     let udp = cfg
         .baseline

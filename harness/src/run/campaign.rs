@@ -322,17 +322,18 @@ fn validate(args: &CampaignArgs) -> Result<Setup, String> {
             ));
         }
     }
-    let dir = match &args.run_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!(
-            "softverbs-campaign-{seed}-{}-{}",
-            std::process::id(),
-            crate::run::node::unix_ms()
-        )),
-    };
+    if let Some(dir) = &args.run_dir {
+        given_dir_is_empty(dir)?;
+    }
+    let base = default_run_args()?;
+    setup_jobs(args, seed, base)
+}
+
+/// Refuses a given campaign directory that exists and is not empty.
+fn given_dir_is_empty(dir: &Path) -> Result<(), String> {
     if dir.exists() {
         let mut entries =
-            std::fs::read_dir(&dir).map_err(|e| format!("run dir {}: {e}", dir.display()))?;
+            std::fs::read_dir(dir).map_err(|e| format!("run dir {}: {e}", dir.display()))?;
         if entries.next().is_some() {
             return Err(format!(
                 "run dir {} is not empty (evidence of two campaigns would mix); give an empty or \
@@ -341,7 +342,20 @@ fn validate(args: &CampaignArgs) -> Result<Setup, String> {
             ));
         }
     }
-    let mut base = default_run_args()?;
+    Ok(())
+}
+
+/// Continues [`validate`] once the flags are known to be good: the base run flags and the
+/// jobs; creates the campaign directory when none was given (a private one: mode 0700, an
+/// unguessable name under the system temp dir).
+fn setup_jobs(args: &CampaignArgs, seed: u64, mut base: RunArgs) -> Result<Setup, String> {
+    let dir = match &args.run_dir {
+        Some(d) => d.clone(),
+        None => orchestrator::private_dir(
+            &std::env::temp_dir(),
+            &format!("softverbs-campaign-{seed}-"),
+        )?,
+    };
     base.nodes = args.nodes;
     base.ops = args.ops;
     base.duration = match args.ops {

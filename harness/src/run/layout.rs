@@ -53,6 +53,18 @@ impl Workload {
     }
 }
 
+/// Workload operations a node keeps outstanding per QP at most (pongs and fin WRITEs aside).
+/// A node polls its completions and writes their log lines before it posts again, so a node
+/// killed at any moment has at most this many operations per QP posted but not logged.
+pub fn window(workload: Workload) -> usize {
+    match workload {
+        Workload::Pingpong => 1,
+        Workload::StreamWrite | Workload::Mixed => 16,
+        Workload::ReadVerify => 8,
+        Workload::AtomicCounter => 4,
+    }
+}
+
 /// Largest node count `softverbs run` accepts (addresses 127.0.0.10 to 127.0.0.73).
 pub const MAX_NODES: u32 = 64;
 
@@ -173,6 +185,9 @@ pub enum RecordKind {
     /// A `mixed` SEND with immediate.
     Send = 4,
 }
+
+/// The immediate-data bit that marks a pong (the rest is the ping's number).
+pub const PONG: u32 = 0x8000_0000;
 
 /// Magic number at the start of every record: "SVRC".
 pub const RECORD_MAGIC: u32 = 0x5356_5243;

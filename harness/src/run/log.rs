@@ -11,6 +11,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -143,9 +144,16 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
-    /// Creates (or truncates) the log at `path` and starts its sync thread.
+    /// Creates the log at `path` (a new file, mode 0600; an existing one is an error) and
+    /// starts its sync thread.
     pub fn create(path: &Path) -> io::Result<LogWriter> {
-        let file = File::create(path)?;
+        // Application data: readable by its owner only; a new file, never one (or a symbolic
+        // link) found in its place.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
         let dirty = Arc::new(AtomicBool::new(false));
         let (stop, stopped) = mpsc::channel::<()>();
         let syncer = {

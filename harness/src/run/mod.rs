@@ -34,6 +34,7 @@ pub mod orchestrator;
 pub mod plan;
 pub mod proto;
 pub mod report;
+pub mod selftest;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -86,10 +87,14 @@ pub struct RunArgs {
     /// for the OS-chosen ports.
     #[arg(long, value_name = "DIR")]
     pub pcap_dir: Option<PathBuf>,
-    /// Directory for MR files, logs and node stderr; must be empty or absent (default: a new
-    /// directory under the system temp dir). Kept after the run as evidence.
+    /// Directory for MR files, logs and node stderr; must be empty or absent, and not a
+    /// symbolic link; kept after the run. Default: a new private directory (mode 0700, an
+    /// unguessable name) under the system temp dir, kept only if the run fails or with --keep.
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
+    /// Keep the default run directory after a passing run too.
+    #[arg(long)]
+    pub keep: bool,
     /// Local ACK timeout code of every QP: 4.096 µs × 2^N (14 ≈ 67 ms).
     #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     pub qp_timeout: u8,
@@ -109,6 +114,10 @@ pub struct RunArgs {
     /// Flip a byte of the evidence after the run (proves the checker can fail).
     #[arg(long, hide = true)]
     pub self_test_corrupt: bool,
+    /// Plant one failure of this kind in the evidence after the run, before the check (the
+    /// verifier's own test: the run must fail).
+    #[arg(long, hide = true, value_enum, value_name = "KIND")]
+    pub self_test: Option<selftest::SelfTest>,
 }
 
 /// Sends `sig` to the child process `pid`.

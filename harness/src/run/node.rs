@@ -27,7 +27,7 @@ use verbs_api::{
     WcStatus, WorkCompletion, connect_rc,
 };
 
-use crate::run::layout::{self, RecordKind, Rng, Workload};
+use crate::run::layout::{self, PONG, RecordKind, Rng, Workload};
 use crate::run::log::{Entry, LogWriter, OpKind, Posted};
 use crate::run::plan::shift_plan;
 use crate::run::proto::{
@@ -42,8 +42,6 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The immediate-data bit that marks a pong.
-const PONG: u32 = 0x8000_0000;
 /// Send WRs a node keeps outstanding on one QP at most (the send queue holds 64).
 const SQ_LIMIT: usize = 60;
 /// Receive WRs a node keeps posted on one QP.
@@ -309,6 +307,7 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         summary: NodeSummary::default(),
         issued: 0,
         next_link: 0,
+        problems_sent: 0,
     };
     let result = node.main_loop(rx);
     drop(node);
@@ -507,6 +506,8 @@ struct Node {
     /// Workload operations posted.
     issued: u64,
     next_link: usize,
+    /// Problems already sent to the orchestrator (a prefix of `summary.problems`).
+    problems_sent: usize,
 }
 
 impl Node {
@@ -610,6 +611,7 @@ impl Node {
             // sees what arrived meanwhile.
             self.check_stalls(budget * 2 + slack);
             self.log.flush(false).map_err(err("writing the log"))?;
+            self.report_problems()?;
             if last_progress.elapsed() >= PROGRESS_EVERY && phase == Phase::Run {
                 send(&FromNode::Progress {
                     ops: self.summary.ops_ok,
@@ -620,6 +622,22 @@ impl Node {
                 self.wait_for_completion(Duration::from_millis(2))?;
             }
         }
+    }
+
+    /// Sends the problems noticed since the last call, so that they are reported even if this
+    /// node is killed before it drains.
+    fn report_problems(&mut self) -> Result<(), String> {
+        let new = self
+            .summary
+            .problems
+            .get(self.problems_sent..)
+            .unwrap_or_default();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let problems = new.to_vec();
+        self.problems_sent = self.summary.problems.len();
+        send(&FromNode::Problems { problems })
     }
 
     /// Gives up on pings whose pong has not come for `limit` (see [`Link::stalled`]): two
@@ -648,12 +666,7 @@ impl Node {
     }
 
     fn window(&self) -> usize {
-        match self.cfg.workload {
-            Workload::Pingpong => 1,
-            Workload::StreamWrite | Workload::Mixed => 16,
-            Workload::ReadVerify => 8,
-            Workload::AtomicCounter => 4,
-        }
+        layout::window(self.cfg.workload)
     }
 
     /// Posts workload operations round-robin over the links, as windows and the budget allow.

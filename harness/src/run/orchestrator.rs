@@ -8,7 +8,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -21,6 +21,7 @@ use crate::run::node::unix_ms;
 use crate::run::plan::{self, ProcessAction, ProcessFault, RunPlan, Trigger, format_duration};
 use crate::run::proto::{FromNode, NodeConfig, NodeSummary, PeerInfo, QpParams, ToNode};
 use crate::run::report::{Detection, FaultReport, NodeReport, PlanInfo, QpInfo, Report, render};
+use crate::run::selftest::{self, SelfTest};
 use crate::run::{EXIT_HARNESS, EXIT_PASS, EXIT_USAGE, EXIT_VIOLATION, RunArgs, signal};
 
 /// How long setup (spawn, hello, connect) may take.
@@ -44,6 +45,7 @@ struct Config {
     slack: Duration,
     timeout: Duration,
     self_test_corrupt: bool,
+    self_test: Option<SelfTest>,
     exe: PathBuf,
 }
 
@@ -132,6 +134,14 @@ pub fn run(args: &RunArgs) -> u8 {
             return EXIT_HARNESS;
         }
     };
+    let mut report = report;
+    if report.passed && args.run_dir.is_none() && !args.keep {
+        // The private directory this run created, and nothing else.
+        match std::fs::remove_dir_all(&report.run_dir) {
+            Ok(()) => report.run_dir = REMOVED.to_owned(),
+            Err(e) => eprintln!("softverbs run: cannot remove {}: {e}", report.run_dir),
+        }
+    }
     print!("{}", render(&report));
     if let Some(path) = &args.report {
         if let Err(e) = write_report(&report, path) {
@@ -141,6 +151,9 @@ pub fn run(args: &RunArgs) -> u8 {
     }
     report.exit_code
 }
+
+/// What the report says for the run dir of a passing run whose evidence was removed.
+pub const REMOVED: &str = "removed after the pass (keep it with --keep or --run-dir DIR)";
 
 /// Writes `report` as pretty JSON to `path`. Errors name the file.
 pub fn write_report(report: &Report, path: &Path) -> Result<(), String> {
@@ -207,6 +220,18 @@ pub fn execute(args: &RunArgs, opts: &Options) -> Result<Report, RunError> {
                 .push(format!("self-test corruption failed: {e}")),
         }
     }
+    if let Some(kind) = orch.cfg.self_test {
+        let run = selftest::Run {
+            dir: &orch.cfg.run_dir,
+            nodes: orch.cfg.nodes,
+            workload: orch.cfg.workload,
+        };
+        match selftest::plant(kind, run) {
+            Ok(what) if !opts.quiet => eprintln!("softverbs run: self-test: planted {what}"),
+            Ok(_) => {}
+            Err(e) => orch.harness_errors.push(e),
+        }
+    }
     Ok(orch.report(started))
 }
 
@@ -229,25 +254,8 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
             plan::parse(&text, seed, args.nodes).map_err(|e| format!("{}: {e}", path.display()))?
         }
     };
-    let run_dir = match &args.run_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!(
-            "softverbs-run-{}-{}-{}",
-            seed,
-            std::process::id(),
-            unix_ms()
-        )),
-    };
-    if run_dir.exists() {
-        let mut entries = std::fs::read_dir(&run_dir)
-            .map_err(|e| format!("run dir {}: {e}", run_dir.display()))?;
-        if entries.next().is_some() {
-            return Err(format!(
-                "run dir {} is not empty (evidence of two runs would mix); give an empty or new \
-                 directory",
-                run_dir.display()
-            ));
-        }
+    if let Some(d) = &args.run_dir {
+        check_given_run_dir(d)?;
     }
     if let Some(report) = &args.report {
         let parent = report.parent().filter(|p| !p.as_os_str().is_empty());
@@ -258,8 +266,17 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
             ));
         }
     }
-    std::fs::create_dir_all(&run_dir)
-        .map_err(|e| format!("cannot create the run dir {}: {e}", run_dir.display()))?;
+    let run_dir = match &args.run_dir {
+        Some(d) => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(d)
+                .map_err(|e| format!("cannot create the run dir {}: {e}", d.display()))?;
+            d.clone()
+        }
+        None => private_dir(&std::env::temp_dir(), &format!("softverbs-run-{seed}-"))?,
+    };
     if let Some(d) = &args.pcap_dir {
         std::fs::create_dir_all(d)
             .map_err(|e| format!("cannot create the pcap dir {}: {e}", d.display()))?;
@@ -291,8 +308,61 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
         slack: args.slack,
         timeout,
         self_test_corrupt: args.self_test_corrupt,
+        self_test: args.self_test,
         exe,
     })
+}
+
+/// Refuses a `--run-dir` that is a symbolic link (evidence would be written wherever it
+/// points) or that exists and is not empty (evidence of two runs would mix).
+fn check_given_run_dir(run_dir: &Path) -> Result<(), String> {
+    let meta = match std::fs::symlink_metadata(run_dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("run dir {}: {e}", run_dir.display())),
+    };
+    if meta.file_type().is_symlink() {
+        return Err(format!(
+            "run dir {} is a symbolic link; give the directory itself",
+            run_dir.display()
+        ));
+    }
+    let mut entries =
+        std::fs::read_dir(run_dir).map_err(|e| format!("run dir {}: {e}", run_dir.display()))?;
+    if entries.next().is_some() {
+        return Err(format!(
+            "run dir {} is not empty (evidence of two runs would mix); give an empty or new \
+             directory",
+            run_dir.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Creates a new directory `parent/prefix<random>`, mode 0700, with an unguessable name
+/// (128 bits from the OS's random source). `mkdir` never follows a symbolic link and fails on
+/// any existing name, so a name planted in advance (a symlink, a directory of another user)
+/// is never used; it tries other names.
+pub(crate) fn private_dir(parent: &Path, prefix: &str) -> Result<PathBuf, String> {
+    let mut last = None;
+    for _ in 0..8 {
+        let mut bytes = [0u8; 16];
+        File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+        let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let path = parent.join(format!("{prefix}{name}"));
+        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(format!("cannot create the run dir {}: {e}", path.display())),
+        }
+    }
+    Err(format!(
+        "cannot create a run dir in {}: {}",
+        parent.display(),
+        last.map_or_else(String::new, |e| e.to_string())
+    ))
 }
 
 /// One child process.
@@ -363,6 +433,18 @@ struct NodeState {
     killed_at: Option<u64>,
     timed_out: bool,
     pauses: Vec<(u64, u64)>,
+    /// Problems the node reported as it went (all of them are in `summary` if it drained).
+    problems: Vec<String>,
+}
+
+impl NodeState {
+    /// Every problem the node reported: all of them are in its summary if it drained; a node
+    /// killed before that reported them as it went (`problems` messages).
+    fn problems(&self) -> Vec<String> {
+        self.summary
+            .as_ref()
+            .map_or_else(|| self.problems.clone(), |s| s.problems.clone())
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -418,7 +500,11 @@ impl Orchestrator {
             .cfg
             .run_dir
             .join(layout::stderr_file(index, generation));
-        let stderr = File::create(&stderr_path)
+        let stderr = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&stderr_path)
             .map_err(|e| format!("cannot create {}: {e}", stderr_path.display()))?;
         let mut child = Command::new(&self.cfg.exe)
             .arg("node")
@@ -529,6 +615,7 @@ impl Orchestrator {
                 state.ops = ops;
                 state.finished = true;
             }
+            FromNode::Problems { problems } if gen0 => state.problems.extend(problems),
             FromNode::Done(summary) if gen0 => state.summary = Some(summary),
             FromNode::Error { message } => self.node_error(slot, message),
             _ => {}
@@ -985,11 +1072,7 @@ impl Orchestrator {
                     drained: n.summary.is_some(),
                     exited_cleanly,
                     end_note,
-                    problems: n
-                        .summary
-                        .as_ref()
-                        .map(|s| s.problems.clone())
-                        .unwrap_or_default(),
+                    problems: n.problems(),
                     error: n.error.clone(),
                     timed_out: n.timed_out,
                 }
@@ -1027,6 +1110,9 @@ impl Orchestrator {
         }
         if c.self_test_corrupt {
             cmd += " --self-test-corrupt";
+        }
+        if let Some(kind) = c.self_test {
+            cmd += &format!(" --self-test {}", kind.name());
         }
         cmd
     }
@@ -1290,4 +1376,24 @@ fn corrupt_evidence(cfg: &Config) -> Result<String, String> {
         "one byte of the {what} ({} at +{off:#x})",
         path.display()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_killed_nodes_streamed_problems_are_its_facts() {
+        let mut n = NodeState::default();
+        assert!(n.problems().is_empty());
+        // Killed before it drained: what it streamed.
+        n.problems = vec!["bad record".to_owned()];
+        assert_eq!(n.problems(), ["bad record"]);
+        // Drained: the summary holds them all (the streamed ones and any later).
+        n.summary = Some(Box::new(NodeSummary {
+            problems: vec!["bad record".to_owned(), "late one".to_owned()],
+            ..NodeSummary::default()
+        }));
+        assert_eq!(n.problems(), ["bad record", "late one"]);
+    }
 }

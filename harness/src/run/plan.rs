@@ -443,8 +443,20 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => Duration::from_secs(n),
         _ => return Err(bad()),
     };
+    if d > MAX_TIME {
+        return Err(format!(
+            "time `{text}` is too long: at most {} ({} days)",
+            format_duration(MAX_TIME),
+            MAX_TIME.as_secs() / 86_400
+        ));
+    }
     Ok(d)
 }
+
+/// The longest time [`parse_duration`] accepts (7 days): every sum the harness forms from
+/// durations, timeouts and slack (deadlines, bounds in ms) then fits with room to spare, and
+/// a run asked to last longer is refused rather than cut short.
+pub const MAX_TIME: Duration = Duration::from_secs(7 * 86_400);
 
 /// Formats a duration as [`parse_duration`] reads it, in the largest exact unit.
 pub fn format_duration(d: Duration) -> String {
@@ -847,6 +859,12 @@ expect_errors = true
         assert!(parse_duration("ms").is_err());
         assert!(parse_duration("5").is_err());
         assert!(parse_duration("99999999999999999999s").is_err());
+        assert_eq!(parse_duration("604800s"), Ok(MAX_TIME));
+        assert_eq!(
+            parse_duration("5000000000s"),
+            Err("time `5000000000s` is too long: at most 604800s (7 days)".to_owned())
+        );
+        assert!(parse_duration("604800001ms").is_err());
         assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
         assert_eq!(format_duration(Duration::from_secs(2)), "2s");
     }

@@ -158,6 +158,12 @@ pub enum FromNode {
         /// Successful operations.
         ops: u64,
     },
+    /// Problems the node noticed on its own since its last `problems` message (sent at
+    /// once, so that a node killed later has reported them).
+    Problems {
+        /// What it noticed, in order.
+        problems: Vec<String>,
+    },
     /// Drained after `quiesce`.
     Done(Box<NodeSummary>),
     /// A fatal error; the node exits.

@@ -10,17 +10,28 @@
 //! hardware, overlapping concurrent accesses give unspecified bytes but never touch memory
 //! outside the region.
 //!
+//! # One access size per byte
+//!
+//! Rust's memory model leaves mixed-size atomic accesses to the same bytes undefined, so
+//! every byte of a region has one access size, whatever the copy: the bytes of each aligned
+//! 8-byte word that lies entirely inside the region (a *whole word*) are only ever accessed
+//! as that one `AtomicU64` — a copy that needs some of its bytes loads the word, or updates
+//! it with a compare-and-swap loop that keeps the others; the at most 7 bytes at each end of
+//! the region outside every whole word (its *edge bytes*) are only ever accessed as
+//! `AtomicU8`. FETCH_ADD and compare-and-swap ([`Region::atomic`]) need an aligned word, so
+//! they act on whole words only. Other code that touches the same memory concurrently (the
+//! owner of caller memory, another process mapping the file) must keep to the same sizes.
+//!
 //! It is not an allocator or a registration table: who owns which region and under which key
 //! is the backend's business.
 //!
-//! The tests run under Miri (the file mapping test excepted: Miri cannot map a file):
-//! `MIRIFLAGS=-Zmiri-disable-weak-memory-emulation cargo +nightly miri test -p mr-region`.
-//! Miri's weak-memory emulation does not support the mixed-size atomic accesses the word
-//! copies make (it stops with an internal error), hence the flag; Stacked Borrows and bounds
-//! checks stay on.
+//! The tests run under Miri, weak-memory emulation included (the file mapping tests
+//! excepted: Miri cannot map a file): `cargo +nightly miri test -p mr-region`
+//! (`scripts/miri.sh`).
 
 use std::fs::OpenOptions;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -96,21 +107,29 @@ impl Region {
         })
     }
 
-    /// A shared, writable mapping of `path`, created if missing and grown to `len` (> 0) bytes.
+    /// A shared, writable mapping of `path`, created if missing (mode 0600: it holds
+    /// application data) and grown to `len` (> 0) bytes.
+    ///
+    /// Contract (the one `Context::reg_mr_file` passes on): the file keeps at least `len`
+    /// bytes while the region lives. If any process shrinks it, every later access to the
+    /// pages past the new end raises SIGBUS, which kills this process: the region does not
+    /// catch it (a signal handler cannot make the access return). Other processes may read and
+    /// write the bytes, keeping to the access sizes of the module docs when concurrent.
     pub fn file(path: &Path, len: usize) -> io::Result<Region> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(path)?;
         let wanted = u64::try_from(len).map_err(io::Error::other)?;
         if file.metadata()?.len() < wanted {
             file.set_len(wanted)?;
         }
         // SAFETY: the mapping is shared with other processes by design; every access we make
-        // goes through atomic operations (see the module docs), and a file truncated under us
-        // by another process is outside the contract `reg_mr_file` documents.
+        // goes through atomic operations (see the module docs); a file truncated under us is
+        // outside the contract documented above (it raises SIGBUS, never a silent wild access).
         let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&file)? };
         let ptr = NonNull::new(map.as_mut_ptr())
             .ok_or_else(|| io::Error::other("mmap returned a null pointer"))?;
@@ -162,89 +181,176 @@ impl Region {
         }
     }
 
-    /// Copies `buf.len()` bytes at `offset` into `buf`: bytes up to the first 8-byte boundary,
-    /// then whole aligned words, then the rest (a tight word loop: this is every packet's copy).
+    /// The offsets `[lo, hi)` of the region's whole words: the aligned 8-byte words that lie
+    /// entirely inside it. The bytes before `lo` and from `hi` on (at most 7 at each end) are
+    /// its edge bytes.
+    fn word_span(&self) -> (usize, usize) {
+        let lo = ((8 - self.ptr.as_ptr() as usize % 8) % 8).min(self.len);
+        (lo, lo + (self.len - lo) / 8 * 8)
+    }
+
+    /// The piece of a copy at `pos` (of the region) that ends before `end`: one edge byte, or
+    /// the bytes of one whole word from `pos` on (all 8 when aligned and room is left).
+    fn piece(&self, (lo, hi): (usize, usize), pos: usize, end: usize) -> Piece {
+        if pos < lo || pos >= hi {
+            return Piece::Byte;
+        }
+        let word = lo + (pos - lo) / 8 * 8;
+        let within = pos - word;
+        Piece::Word {
+            word,
+            within,
+            n: (8 - within).min(end - pos),
+        }
+    }
+
+    /// The atomic byte at `offset`, an edge byte (outside every whole word).
+    ///
+    /// # Safety
+    ///
+    /// `offset < self.len`.
+    unsafe fn edge_byte(&self, offset: usize) -> &AtomicU8 {
+        // SAFETY: offset < len (the caller's promise): inside the live region; AtomicU8 has
+        // u8's layout; edge bytes are only ever accessed as AtomicU8 (see `word_span`).
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(offset)) }
+    }
+
+    /// The atomic whole word at `word`, an offset from `word_span`'s range, 8 apart from `lo`.
+    ///
+    /// # Safety
+    ///
+    /// `lo <= word` and `word + 8 <= hi` for `(lo, hi) = self.word_span()`, `word - lo` a
+    /// multiple of 8.
+    unsafe fn whole_word(&self, word: usize) -> &AtomicU64 {
+        // SAFETY: the 8 bytes are inside the region and 8-byte aligned (the caller's promise);
+        // whole words are only ever accessed as AtomicU64 (see `word_span`).
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(word).cast::<u64>()) }
+    }
+
+    /// Copies `buf.len()` bytes at `offset` into `buf`, with one access size per byte: each
+    /// whole word of the region is loaded as one `AtomicU64` (also for a copy that needs only
+    /// some of its bytes), each edge byte as one `AtomicU8`. A tight word loop in the middle:
+    /// this is every packet's copy.
     pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), OutOfBounds> {
         self.check(offset, buf.len())?;
-        // SAFETY: offset + buf.len() <= self.len (checked above), so `base` and the `buf.len()`
-        // bytes after it lie inside the live region.
-        let base = unsafe { self.ptr.as_ptr().add(offset) };
-        let head = ((8 - base as usize % 8) % 8).min(buf.len());
-        let (head_buf, rest) = buf.split_at_mut(head);
-        let words = rest.len() / 8;
-        let (body, tail) = rest.split_at_mut(words * 8);
-        for (k, b) in head_buf.iter_mut().enumerate() {
-            // SAFETY: k < head <= buf.len(): inside the region; AtomicU8 has u8's layout.
-            *b = unsafe { AtomicU8::from_ptr(base.add(k)) }.load(Ordering::Relaxed);
-        }
-        // SAFETY: base + head is 8-byte aligned and inside (or one past) the region.
-        let word_base = unsafe { base.add(head) }.cast::<u64>();
-        for (k, chunk) in body.chunks_exact_mut(8).enumerate() {
-            // SAFETY: word k covers bytes head + 8k .. head + 8k + 8 <= buf.len() of the range
-            // checked above; aligned; every access to region memory is atomic.
-            let w = unsafe { AtomicU64::from_ptr(word_base.add(k)) }.load(Ordering::Relaxed);
-            chunk.copy_from_slice(&w.to_ne_bytes());
-        }
-        let tail_at = head + words * 8;
-        for (k, b) in tail.iter_mut().enumerate() {
-            // SAFETY: tail_at + k < buf.len(): inside the checked range.
-            *b = unsafe { AtomicU8::from_ptr(base.add(tail_at + k)) }.load(Ordering::Relaxed);
+        let span = self.word_span();
+        let end = offset + buf.len();
+        let mut pos = offset;
+        while pos < end {
+            let at = pos - offset;
+            match self.piece(span, pos, end) {
+                Piece::Byte => {
+                    // SAFETY: pos < end <= len (checked above).
+                    buf[at] = unsafe { self.edge_byte(pos) }.load(Ordering::Relaxed);
+                    pos += 1;
+                }
+                Piece::Word {
+                    word,
+                    within: 0,
+                    n: 8,
+                } => {
+                    // The tight loop: every whole word from here that the copy covers.
+                    let words = (end.min(span.1) - word) / 8;
+                    let out = &mut buf[at..at + words * 8];
+                    for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
+                        // SAFETY: word + 8k + 8 <= min(end, hi): a whole word of `word_span`.
+                        let w = unsafe { self.whole_word(word + 8 * k) }.load(Ordering::Relaxed);
+                        chunk.copy_from_slice(&w.to_ne_bytes());
+                    }
+                    pos += words * 8;
+                }
+                Piece::Word { word, within, n } => {
+                    // SAFETY: `piece` returned a whole word of `word_span`.
+                    let w = unsafe { self.whole_word(word) }.load(Ordering::Relaxed);
+                    buf[at..at + n].copy_from_slice(&w.to_ne_bytes()[within..within + n]);
+                    pos += n;
+                }
+            }
         }
         Ok(())
     }
 
-    /// Copies `data` into the region at `offset` (head bytes, aligned words, tail bytes, as
-    /// [`Region::read`]).
+    /// Copies `data` into the region at `offset`, with the access sizes of [`Region::read`]:
+    /// a whole word the copy covers is stored as one `AtomicU64`; one it covers in part (at
+    /// most one at each end of the copy) is updated with a compare-and-swap loop that keeps
+    /// its other bytes; edge bytes are stored as `AtomicU8`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
         self.check(offset, data.len())?;
-        // SAFETY: offset + data.len() <= self.len (checked above): the range is inside the
-        // live region.
-        let base = unsafe { self.ptr.as_ptr().add(offset) };
-        let head = ((8 - base as usize % 8) % 8).min(data.len());
-        let (head_data, rest) = data.split_at(head);
-        let words = rest.len() / 8;
-        let (body, tail) = rest.split_at(words * 8);
-        for (k, b) in head_data.iter().enumerate() {
-            // SAFETY: k < head <= data.len(): inside the region.
-            unsafe { AtomicU8::from_ptr(base.add(k)) }.store(*b, Ordering::Relaxed);
-        }
-        // SAFETY: base + head is 8-byte aligned and inside (or one past) the region.
-        let word_base = unsafe { base.add(head) }.cast::<u64>();
-        for (k, chunk) in body.chunks_exact(8).enumerate() {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(chunk);
-            // SAFETY: as in `read`: 8 aligned bytes inside the checked range, atomically.
-            unsafe { AtomicU64::from_ptr(word_base.add(k)) }
-                .store(u64::from_ne_bytes(w), Ordering::Relaxed);
-        }
-        let tail_at = head + words * 8;
-        for (k, b) in tail.iter().enumerate() {
-            // SAFETY: tail_at + k < data.len(): inside the checked range.
-            unsafe { AtomicU8::from_ptr(base.add(tail_at + k)) }.store(*b, Ordering::Relaxed);
+        let span = self.word_span();
+        let end = offset + data.len();
+        let mut pos = offset;
+        while pos < end {
+            let at = pos - offset;
+            match self.piece(span, pos, end) {
+                Piece::Byte => {
+                    // SAFETY: pos < end <= len (checked above).
+                    unsafe { self.edge_byte(pos) }.store(data[at], Ordering::Relaxed);
+                    pos += 1;
+                }
+                Piece::Word {
+                    word,
+                    within: 0,
+                    n: 8,
+                } => {
+                    // The tight loop: every whole word from here that the copy covers.
+                    let words = (end.min(span.1) - word) / 8;
+                    for (k, chunk) in data[at..at + words * 8].chunks_exact(8).enumerate() {
+                        let mut w = [0u8; 8];
+                        w.copy_from_slice(chunk);
+                        // SAFETY: word + 8k + 8 <= min(end, hi): a whole word of `word_span`.
+                        unsafe { self.whole_word(word + 8 * k) }
+                            .store(u64::from_ne_bytes(w), Ordering::Relaxed);
+                    }
+                    pos += words * 8;
+                }
+                Piece::Word { word, within, n } => {
+                    // SAFETY: `piece` returned a whole word of `word_span`.
+                    let cell = unsafe { self.whole_word(word) };
+                    // Part of a word: keep its other bytes, whoever writes them meanwhile.
+                    let part = &data[at..at + n];
+                    let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                        let mut w = old.to_ne_bytes();
+                        w[within..within + n].copy_from_slice(part);
+                        Some(u64::from_ne_bytes(w))
+                    });
+                    pos += n;
+                }
+            }
         }
         Ok(())
     }
 }
 
+/// One step of a copy: see [`Region::piece`].
+enum Piece {
+    /// One edge byte.
+    Byte,
+    /// `n` bytes of the whole word at offset `word`, from byte `within` of it.
+    Word {
+        word: usize,
+        within: usize,
+        n: usize,
+    },
+}
+
 impl Region {
-    /// Runs `op` atomically on the 8 bytes at `offset`, which must be 8-byte aligned in memory:
-    /// `op` maps the current value to the one to store (`None`: store nothing, as a failed
-    /// compare-and-swap); it may run more than once under contention. Returns the original
-    /// value.
+    /// Runs `op` atomically on the 8 bytes at `offset`, which must be 8-byte aligned in memory
+    /// (so they are one of the region's whole words, accessed as `AtomicU64` by every copy
+    /// too): `op` maps the current value to the one to store (`None`: store nothing, as a
+    /// failed compare-and-swap); it may run more than once under contention. Returns the
+    /// original value.
     pub fn atomic(
         &self,
         offset: usize,
         op: impl Fn(u64) -> Option<u64>,
     ) -> Result<u64, OutOfBounds> {
         self.check(offset, 8)?;
-        // SAFETY: offset + 8 <= len (checked), so the pointer stays inside the live region.
-        let ptr = unsafe { self.ptr.as_ptr().add(offset) };
-        if ptr as usize % 8 != 0 {
+        let (lo, _) = self.word_span();
+        if offset < lo || (offset - lo) % 8 != 0 {
             return Err(OutOfBounds);
         }
-        // SAFETY: the 8 bytes are inside the region and 8-byte aligned (checked above), and all
-        // other accesses to them are atomic too.
-        let word = unsafe { AtomicU64::from_ptr(ptr.cast::<u64>()) };
+        // SAFETY: offset + 8 <= len (checked) and offset is lo + 8k: a whole word.
+        let word = unsafe { self.whole_word(offset) };
         let mut current = word.load(Ordering::SeqCst);
         loop {
             let Some(new) = op(current) else {
@@ -301,6 +407,70 @@ mod tests {
     }
 
     #[test]
+    fn an_unaligned_caller_region_copies_edge_bytes_and_words_alike() {
+        // 8 words of caller memory; the region starts 3 bytes in and ends 5 bytes early.
+        let words: Box<[AtomicU64]> = (0..8).map(|_| AtomicU64::new(0)).collect();
+        let base = NonNull::from(&*words).cast::<u8>();
+        // SAFETY: bytes 3..59 of `words` live until the end of the test, after `r`.
+        let r = unsafe { Region::caller(base.add(3), 56) };
+        assert_eq!(r.word_span(), (5, 53));
+        let data: Vec<u8> = (0..56u8)
+            .map(|b| b.wrapping_mul(29).wrapping_add(1))
+            .collect();
+        for off in 0..12 {
+            for len in [0, 1, 2, 5, 8, 9, 17, 56 - off] {
+                r.write(off, &data[..len]).unwrap();
+                let mut got = vec![0u8; len];
+                r.read(off, &mut got).unwrap();
+                assert_eq!(got, data[..len], "offset {off}, len {len}");
+            }
+        }
+        // Only whole words take atomics: offset 5 is the first, 53 is past the last.
+        assert!(r.atomic(5, Some).is_ok());
+        assert_eq!(r.atomic(0, Some), Err(OutOfBounds));
+        assert_eq!(r.atomic(45, Some).map(|_| ()), Ok(()));
+        assert_eq!(r.atomic(53, Some), Err(OutOfBounds));
+        drop(r);
+        // Nothing outside the region was touched.
+        let first = words[0].load(Ordering::Relaxed).to_ne_bytes();
+        assert_eq!(first[..3], [0, 0, 0]);
+        let last = words[7].load(Ordering::Relaxed).to_ne_bytes();
+        assert_eq!(last[3..], [0; 5]);
+    }
+
+    #[test]
+    fn racing_copies_and_atomics_on_the_same_bytes_are_data_race_free() {
+        // Under Miri, this is the test that would report a data race or a mixed-size access.
+        let r = std::sync::Arc::new(Region::heap(67));
+        let rounds = if cfg!(miri) { 4 } else { 1000 };
+        let writer = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                for k in 0..rounds {
+                    r.write(3, &[k as u8; 60]).unwrap();
+                }
+            })
+        };
+        let adder = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                for _ in 0..rounds {
+                    r.atomic(16, |v| Some(v.wrapping_add(1))).unwrap();
+                }
+            })
+        };
+        let mut buf = [0u8; 67];
+        for _ in 0..rounds {
+            r.read(0, &mut buf).unwrap();
+        }
+        writer.join().unwrap();
+        adder.join().unwrap();
+        r.read(0, &mut buf).unwrap();
+        assert_eq!(buf[..3], [0, 0, 0]);
+        assert_eq!(buf[63..], [0; 4]);
+    }
+
+    #[test]
     fn atomics_need_alignment_and_bounds() {
         let r = Region::heap(16);
         let add = |v: u64| Some(v.wrapping_add(5));
@@ -339,6 +509,10 @@ mod tests {
         drop(r);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(bytes.len(), 64);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
         assert_eq!(&bytes[10..15], b"hello");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -233,9 +233,15 @@ impl Fixture {
     /// A successful SEND with immediate `imm` of a 48-byte record from `i` to `j`, received
     /// by `j`; returns where it landed.
     pub(super) fn send(&mut self, i: u32, j: u32, imm: u32) -> u64 {
+        self.send_as(i, j, RecordKind::Send, imm)
+    }
+
+    /// A successful SEND of a `kind` record (send, ping or pong) with immediate `imm` from `i`
+    /// to `j`, received by `j`; returns where it landed.
+    pub(super) fn send_as(&mut self, i: u32, j: u32, kind: RecordKind, imm: u32) -> u64 {
         let mut wc = self.next_wc(i, j, OpKind::Send);
-        (wc.len, wc.imm, wc.kind) = (48, Some(imm), Some(RecordKind::Send));
-        let record = layout::record(SEED, RecordKind::Send, i, j, wc.seq, imm, 48);
+        (wc.len, wc.imm, wc.kind) = (48, Some(imm), Some(kind));
+        let record = layout::record(SEED, kind, i, j, wc.seq, imm, 48);
         let off = self.link_base(j, i) + layout::RECV_OFF + wc.seq * layout::RECV_SLOT;
         self.put(j, off, &record);
         let recv = Entry::Recv {

@@ -10,21 +10,25 @@
 //! | `flush-after-error` | after a QP's first error completion, everything else on it is WR_FLUSH_ERR |
 //! | `write-data` | every successful WRITE record and fin word is at the target, byte for byte |
 //! | `send-data` | every successful SEND is in the target's receive slot, byte for byte; every received slot holds a well-formed record with the completion's immediate data |
+//! | `send-delivery` | every successful SEND has exactly one receive completion at the receiver with its bytes and immediate (unless the receiver was killed before it could log it); every receive completion has a SEND its (drained) sender logged; in `pingpong`, every delivered ping got its pong unless a fault explains it |
 //! | `read-data` | every successful READ landed the peer's pattern; every pattern is intact |
 //! | `atomic-exactly-once` | successful FETCH_ADDs fetched distinct values, each below the final counter; the counter equals their number when no FETCH_ADD failed, and lies between the two bounds otherwise |
+//! | `untouched-memory` | in every MR file, every byte outside the ranges a logged operation addresses (and the counter, fin words, pattern and staging) is still zero |
 //! | `dead-peer-detection` | a killed node's partners end their QP to it in RETRY_EXC_ERR or RNR_RETRY_EXC_ERR within (retry_cnt + 1) × ACK timeout + slack of the kill (or of posting, if later) |
 //! | `liveness` | no error completion that no process fault (or `expect_errors`) explains; every node not killed finished its workload, drained, and exited 0 |
 //! | `node-self-checks` | nothing the nodes noticed on their own (bad records on receipt, wrong READ data, pongs out of turn) |
 //!
-//! Each invariant is one function (in the submodules `logs`, `memory` and `process`) that
+//! Each invariant is one function (in the submodules `logs`, `memory`, `delivery`, `untouched` and `process`) that
 //! takes the evidence with the files already read (`Input`) and returns its [`Invariant`];
 //! [`check`] reads the files and calls them in the order above. The checker does not gather
 //! evidence (the orchestrator does, and passes it in as [`Evidence`]) and never trusts what a
 //! node says it sent: every expected byte is regenerated from [`layout`] and the run seed.
 
+mod delivery;
 mod logs;
 mod memory;
 mod process;
+mod untouched;
 
 #[cfg(test)]
 mod fixture;
@@ -197,8 +201,10 @@ fn check_read(input: &Input<'_>) -> CheckResult {
         logs::flush_after_error(input),
         memory::write_data(input),
         memory::send_data(input),
+        delivery::send_delivery(input),
         memory::read_data(input),
         memory::atomic_exactly_once(input, &mut result.counters),
+        untouched::untouched_memory(input),
         process::dead_peer_detection(input, &mut result.detections),
         process::liveness(input),
         process::node_self_checks(input),
@@ -387,8 +393,10 @@ mod tests {
                 "flush-after-error",
                 "write-data",
                 "send-data",
+                "send-delivery",
                 "read-data",
                 "atomic-exactly-once",
+                "untouched-memory",
                 "dead-peer-detection",
                 "liveness",
                 "node-self-checks",

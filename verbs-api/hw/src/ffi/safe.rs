@@ -15,6 +15,7 @@
 
 use std::ffi::{CStr, c_int, c_void};
 use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
@@ -454,7 +455,7 @@ impl RawPd {
         Ok(RawMr {
             pd: self.clone(),
             ptr,
-            region,
+            region: ManuallyDrop::new(region),
             freed: false,
         })
     }
@@ -544,11 +545,14 @@ impl Drop for RawPd {
 }
 
 /// A registered memory region (`ibv_mr`) with the memory it covers; deregistered on drop,
-/// before the memory is released.
+/// before the memory is released — and only if the deregistration succeeded: while the NIC
+/// may still hold the registration it may still DMA into the memory, so after a failed
+/// `ibv_dereg_mr` the memory is leaked, never freed.
 pub(crate) struct RawMr {
     pd: Arc<RawPd>,
     ptr: NonNull<ibv_mr>,
-    region: Region,
+    /// Dropped by hand, after a successful deregistration only.
+    region: ManuallyDrop<Region>,
     freed: bool,
 }
 
@@ -580,8 +584,15 @@ impl Drop for RawMr {
     fn drop(&mut self) {
         if !self.freed {
             // SAFETY: live MR, deregistered once; the region is dropped after this.
-            unsafe { (self.pd.ctx.verbs.dereg_mr)(self.ptr.as_ptr()) };
+            let rc = unsafe { (self.pd.ctx.verbs.dereg_mr)(self.ptr.as_ptr()) };
+            self.freed = rc == 0;
         }
+        if self.freed {
+            // SAFETY: dropped once, here, and never used again; the NIC no longer holds the
+            // registration, so nothing can DMA into the memory any more.
+            unsafe { ManuallyDrop::drop(&mut self.region) };
+        }
+        // Otherwise the registration may still be live: the memory is leaked on purpose.
     }
 }
 

@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# Unmodified RDMA programs on softverbs: Debian's own binaries (ibverbs-utils, perftest), run
+# with the drop-in libibverbs.so.1 through `softverbs exec`, server and client as two processes
+# on loopback (each process's device binds its own 127.x.y.z:4791, zero configuration; TCP
+# exchange to 127.0.0.1).
+#
+#   scripts/ibverbs-programs.sh [--out DIR] [--only REGEX] [--no-perf-table]
+#
+# Cases (each PASS/FAIL on the programs' exit codes AND their output):
+#   ibv_devices                    lists softverbs0
+#   ibv_devinfo -v                 softverbs0, PORT_ACTIVE, link layer Ethernet, GID 0 ::ffff:127.*
+#   ibv_rc_pingpong / ibv_srq_pingpong -g 0, with and without -e, sizes 64 B … 1 MiB (×4):
+#                                  both sides print "B bytes in … seconds" with B = 2·size·iters
+#                                  and "N iters in … usec/iter"
+#   perftest RC ib_{write,send,read,atomic}_{bw,lat}: default flags, -a (-n ALL_ITERS), and
+#                                  --use_old_post_send: the client prints one result row per
+#                                  size (23 for -a) with positive figures; perftest 4.5 itself
+#                                  refuses -a for the atomic tests (size fixed at 8 B), so those
+#                                  two are SKIP, not run
+# Then a table of perftest's figures (default flags, the cases that passed) next to
+# `softverbs perf`'s for the same test, size and iterations (release build of this repository).
+#
+# Needs: the drop-in (scripts/build-libibverbs.sh --release), Debian's ibverbs-utils and
+# perftest, python3 (the table). Environment:
+#   SOFTVERBS_LIB_DIR  directory of libibverbs.so.1 (default: ${CARGO_TARGET_DIR:-target}/libibverbs)
+#   SOFTVERBS_BIN      the softverbs binary (default: cargo build --release, then its path)
+#   CASE_TIMEOUT       bound of every process, seconds (default 60)
+#   PP_ITERS           pingpong iterations up to 64 KiB (default 200; 50 above)
+#   ALL_ITERS          perftest -n with -a (default 20; perftest's minimum is 5)
+#   DEFAULT_ITERS      perftest -n for the other cases (default: perftest's own, 5000/1000)
+#   PORT_BASE          first TCP port of the exchanges (default 19100; one per case)
+#
+# Output: DIR (default target/ibverbs-programs) holds each process's output
+# (<case>.server.out, <case>.client.out), results.tsv and summary.txt. Ends with
+# "N passed, N failed, N skipped". Exit status: 0 when nothing failed, 1 a case failed, 2 bad
+# usage or a missing prerequisite (library, programs).
+set -uo pipefail
+export LC_ALL=C
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=$ROOT/target/ibverbs-programs
+ONLY=""
+PERF_TABLE=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT=$2; shift ;;
+    --only) ONLY=$2; shift ;;
+    --no-perf-table) PERF_TABLE=0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: $0 [--out DIR] [--only REGEX] [--no-perf-table]" >&2; exit 2 ;;
+  esac
+  shift
+done
+CASE_TIMEOUT=${CASE_TIMEOUT:-60}
+PP_ITERS=${PP_ITERS:-200}
+ALL_ITERS=${ALL_ITERS:-20}
+DEFAULT_ITERS=${DEFAULT_ITERS:-}
+PORT=${PORT_BASE:-19100}
+for v in "$CASE_TIMEOUT" "$PP_ITERS" "$ALL_ITERS" "$PORT" ${DEFAULT_ITERS:+"$DEFAULT_ITERS"}; do
+  case "$v" in ''|*[!0-9]*) echo "ibverbs-programs: not a number: $v" >&2; exit 2 ;; esac
+done
+say() { printf 'ibverbs-programs: %s\n' "$*" >&2; }
+
+# ---- prerequisites --------------------------------------------------------------------------
+LIB_DIR=${SOFTVERBS_LIB_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/libibverbs}
+if [ ! -f "$LIB_DIR/libibverbs.so.1" ]; then
+  say "error: no libibverbs.so.1 in $LIB_DIR: build the drop-in first with"
+  say "       scripts/build-libibverbs.sh --release   (or set SOFTVERBS_LIB_DIR)"
+  exit 2
+fi
+missing=""
+for p in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_srq_pingpong ib_write_bw ib_write_lat \
+  ib_send_bw ib_send_lat ib_read_bw ib_read_lat ib_atomic_bw ib_atomic_lat; do
+  command -v "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  say "error: not installed:$missing (Debian packages ibverbs-utils, perftest)"
+  exit 2
+fi
+if [ -z "${SOFTVERBS_BIN:-}" ]; then
+  say "building softverbs (release)"
+  SOFTVERBS_BIN=$(cd "$ROOT" && cargo build -q --release -p softverbs --bin softverbs \
+    --message-format=json | grep -o '"executable":"[^"]*softverbs"' |
+    sed 's/^"executable":"//; s/"$//' | tail -1)
+fi
+BIN=${SOFTVERBS_BIN:-}
+[ -n "$BIN" ] && [ -x "$BIN" ] || { say "error: no softverbs binary (set SOFTVERBS_BIN)"; exit 2; }
+EXEC=("$BIN" exec --lib "$LIB_DIR" --)
+
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT"/*.out "$OUT"/*.json "$OUT/results.tsv" "$OUT/summary.txt"
+: >"$OUT/results.tsv"
+say "library: $LIB_DIR/libibverbs.so.1; binary: $BIN; logs: $OUT"
+
+# ---- helpers --------------------------------------------------------------------------------
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
+# Is a TCP socket listening on port $1 (IPv4 or IPv6)?
+listening() {
+  local hex
+  hex=$(printf ':%04X' "$1")
+  awk -v p="$hex" '$2 ~ p "$" && $4 == "0A" { f = 1 } END { exit !f }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+# The next TCP port nobody listens on.
+next_port() {
+  PORT=$((PORT + 1))
+  while listening "$PORT"; do PORT=$((PORT + 1)); done
+}
+selected() { [ -z "$ONLY" ] || [[ "$1" =~ $ONLY ]]; }
+# record NAME VERDICT SECONDS NOTE
+record() {
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$OUT/results.tsv"
+  printf '%-4s  %-44s %6ss  %s\n' "$2" "$1" "$3" "$4"
+}
+passed() { awk -F'\t' -v n="$1" '$1 == n && $2 == "PASS" { f = 1 } END { exit !f }' "$OUT/results.tsv"; }
+elapsed() { awk -v ms=$(( $(ms) - $1 )) 'BEGIN { printf "%.1f", ms / 1000 }'; }
+bounded() { timeout -k 5 "$CASE_TIMEOUT" "${EXEC[@]}" "$@" </dev/null; }
+
+# single NAME CHECK PROGRAM ARGS...: one process; CHECK OUTFILE says whether its output is right.
+single() {
+  local name=$1 check=$2
+  shift 2
+  selected "$name" || return 0
+  local t0 rc=0 why
+  t0=$(ms)
+  bounded "$@" >"$OUT/$name.out" 2>&1 || rc=$?
+  if [ $rc != 0 ]; then
+    why="exit $rc: $(tail -1 "$OUT/$name.out")"
+  else
+    why=$("$check" "$OUT/$name.out")
+  fi
+  if [ -z "$why" ]; then record "$name" PASS "$(elapsed "$t0")" ""; else record "$name" FAIL "$(elapsed "$t0")" "$why"; fi
+}
+
+# pair NAME CHECK "SERVER ARGS" "CLIENT ARGS": a server, then (once it listens) a client;
+# CHECK SERVER_OUT CLIENT_OUT prints what is wrong (nothing when both are right). The word
+# @PORT in the arguments becomes a free TCP port.
+pair() {
+  local name=$1 check=$2 srv_args cli_args
+  selected "$name" || return 0
+  next_port
+  srv_args=${3//@PORT/$PORT}
+  cli_args=${4//@PORT/$PORT}
+  local t0 srv src=0 crc=0 why="" i so=$OUT/$name.server.out co=$OUT/$name.client.out
+  t0=$(ms)
+  # shellcheck disable=SC2086
+  bounded $srv_args >"$so" 2>&1 &
+  srv=$!
+  for i in $(seq 100); do
+    listening "$PORT" && break
+    kill -0 "$srv" 2>/dev/null || break
+    sleep 0.1
+  done
+  if listening "$PORT"; then
+    # shellcheck disable=SC2086
+    bounded $cli_args >"$co" 2>&1 || crc=$?
+  else
+    echo "(not started: the server never listened on TCP port $PORT)" >"$co"
+    crc=255
+  fi
+  wait "$srv" || src=$?
+  if [ $src != 0 ] || [ $crc != 0 ]; then
+    why="server exit $src, client exit $crc: $(tail -1 "$so" | cut -c1-80) | $(tail -1 "$co" | cut -c1-80)"
+  else
+    why=$("$check" "$so" "$co")
+  fi
+  if [ -z "$why" ]; then record "$name" PASS "$(elapsed "$t0")" ""; else record "$name" FAIL "$(elapsed "$t0")" "$why"; fi
+}
+
+skip() {
+  selected "$1" || return 0
+  record "$1" SKIP 0.0 "$2"
+}
+
+# ---- output checks --------------------------------------------------------------------------
+check_devices() {
+  grep -Eq '^[[:space:]]+softverbs0[[:space:]]+[0-9a-f]{16}[[:space:]]*$' "$1" ||
+    echo "softverbs0 with a 16-digit node GUID not listed"
+}
+check_devinfo() {
+  local f=$1 want
+  for want in 'hca_id:[[:space:]]+softverbs0' 'transport:[[:space:]]+InfiniBand' \
+    'state:[[:space:]]+PORT_ACTIVE' 'link_layer:[[:space:]]+Ethernet' \
+    'GID\[ *0\]:[[:space:]]+::ffff:127\.[0-9]+\.[0-9]+\.[0-9]+'; do
+    grep -Eq "$want" "$f" || { echo "no /$want/"; return; }
+  done
+}
+# check_pingpong SIZE ITERS SERVER_OUT CLIENT_OUT
+check_pingpong() {
+  local size=$1 iters=$2 f bytes n
+  for f in "$3" "$4"; do
+    bytes=$(sed -nE 's/^([0-9]+) bytes in [0-9.]+ seconds = [0-9.]+ Mbit\/sec$/\1/p' "$f")
+    n=$(sed -nE 's/^([0-9]+) iters in [0-9.]+ seconds = [0-9.]+ usec\/iter$/\1/p' "$f")
+    if [ "$bytes" != $((2 * size * iters)) ] || [ "$n" != "$iters" ]; then
+      echo "$(basename "$f"): want $((2 * size * iters)) bytes / $iters iters, got '${bytes}' / '${n}'"
+      return
+    fi
+  done
+}
+# perftest result rows of a file: BW rows have 5 numbers, latency rows 9.
+perf_rows() {
+  awk '/#bytes/ { on = 1; next } on && /^ *[0-9]+( +[0-9.]+)+ *$/' "$1"
+}
+# check_perftest KIND ROWS SERVER_OUT CLIENT_OUT: KIND bw|lat, ROWS expected on the client.
+check_perftest() {
+  local kind=$1 want=$2 rows fields bad
+  rows=$(perf_rows "$4")
+  fields=5
+  [ "$kind" = lat ] && fields=9
+  if [ "$(printf '%s' "$rows" | grep -c .)" != "$want" ]; then
+    echo "client: want $want result rows, got $(printf '%s' "$rows" | grep -c .)"
+    return
+  fi
+  # Every row: the right number of columns, iterations > 0, the average (BW) or t_avg > 0.
+  bad=$(printf '%s\n' "$rows" | awk -v n="$fields" -v kind="$kind" '
+    NF != n || $2 <= 0 || (kind == "bw" && $4 <= 0) || (kind == "lat" && $6 <= 0) { print; exit }')
+  [ -z "$bad" ] || echo "client: bad row: $bad"
+}
+pp_iters() { if [ "$1" -le 65536 ]; then echo "$PP_ITERS"; else echo 50; fi; }
+
+# ---- the cases ------------------------------------------------------------------------------
+T0=$(ms)
+echo "== devices"
+single ibv_devices check_devices ibv_devices
+single ibv_devinfo-v check_devinfo ibv_devinfo -v
+
+echo "== pingpong (64 B … 1 MiB)"
+for prog in ibv_rc_pingpong ibv_srq_pingpong; do
+  for ev in "" "-e"; do
+    for size in 64 256 1024 4096 16384 65536 262144 1048576; do
+      n=$(pp_iters "$size")
+      chk() { check_pingpong "$size" "$n" "$1" "$2"; }
+      args="$prog -g 0 -p @PORT -s $size -n $n $ev"
+      pair "$prog${ev:+-e}-$size" chk "$args" "$args 127.0.0.1"
+    done
+  done
+done
+
+echo "== perftest RC"
+PERFTEST_DEFAULT=()
+for t in write_bw write_lat send_bw send_lat read_bw read_lat atomic_bw atomic_lat; do
+  kind=${t#*_}
+  for variant in default all old; do
+    name="ib_$t-$variant"
+    case $variant in
+      default) flags=${DEFAULT_ITERS:+-n $DEFAULT_ITERS}; rows=1 ;;
+      all) flags="-a -n $ALL_ITERS"; rows=23 ;;
+      old) flags="--use_old_post_send${DEFAULT_ITERS:+ -n $DEFAULT_ITERS}"; rows=1 ;;
+    esac
+    if [ "$variant" = all ] && [ "${t%_*}" = atomic ]; then
+      skip "$name" "perftest 4.5 refuses -a for atomics ('Message size cannot be changed for Atomic tests')"
+      continue
+    fi
+    chk() { check_perftest "$kind" "$rows" "$1" "$2"; }
+    pair "$name" chk "ib_$t -p @PORT $flags" "ib_$t -p @PORT $flags 127.0.0.1"
+    if [ "$variant" = default ] && passed "$name"; then
+      PERFTEST_DEFAULT+=("$t")
+    fi
+  done
+done
+say "cases done in $(elapsed "$T0") s"
+
+# ---- perftest next to softverbs perf --------------------------------------------------------
+if [ "$PERF_TABLE" = 1 ] && [ ${#PERFTEST_DEFAULT[@]} -gt 0 ]; then
+  echo "== perftest (drop-in) next to softverbs perf, same test, size and iterations"
+  for t in "${PERFTEST_DEFAULT[@]}"; do
+    row=$(perf_rows "$OUT/ib_$t-default.client.out" | head -1)
+    [ -n "$row" ] || continue
+    read -r size iters _ <<<"$row"
+    timeout -k 5 "$CASE_TIMEOUT" "$BIN" perf "$t" -s "$size" -n "$iters" \
+      --json "$OUT/perf-$t.json" >"$OUT/perf-$t.out" 2>&1 </dev/null ||
+      say "softverbs perf $t failed (see $OUT/perf-$t.out)"
+  done
+  python3 - "$OUT" "${PERFTEST_DEFAULT[@]}" <<'EOF' | tee "$OUT/perf-table.txt"
+import json, re, sys
+out, tests = sys.argv[1], sys.argv[2:]
+print(f"{'test':<11} {'bytes':>6} {'iters':>6}  {'figure':<22} {'perftest':>10} {'softverbs perf':>15} {'ratio':>6}")
+for t in tests:
+    try:
+        text = open(f"{out}/ib_{t}-default.client.out").read()
+    except OSError:
+        continue
+    rows = re.findall(r"^ *(\d+(?: +[\d.]+)+) *$", text.split("#bytes", 1)[-1], re.M)
+    if not rows:
+        print(f"{t:<11} (no perftest result)")
+        continue
+    f = [float(x) for x in rows[0].split()]
+    try:
+        ours = json.load(open(f"{out}/perf-{t}.json"))["rows"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        ours = None
+    if t.endswith("_bw"):
+        label, theirs = "BW average [MiB/s]", f[3]
+        mine = ours["bw_average"] if ours else None
+    else:
+        label, theirs = "t_typical [usec]", f[4]
+        mine = ours["latency"]["t_typical"] if ours else None
+    ratio = f"{theirs / mine:.2f}" if mine else "-"
+    mine_s = f"{mine:.2f}" if mine is not None else "failed"
+    print(f"{t:<11} {int(f[0]):>6} {int(f[1]):>6}  {label:<22} {theirs:>10.2f} {mine_s:>15} {ratio:>6}")
+EOF
+fi
+
+# ---- summary --------------------------------------------------------------------------------
+{
+  echo "== perftest result rows (client), every case"
+  for f in "$OUT"/ib_*.client.out; do
+    [ -e "$f" ] || continue
+    rows=$(perf_rows "$f")
+    [ -n "$rows" ] || continue
+    echo "$(basename "$f" .client.out):"
+    printf '%s\n' "$rows" | sed 's/^/  /'
+  done
+  echo
+  awk -F'\t' '{ printf "%-4s  %-44s %6ss  %s\n", $2, $1, $3, $4 }' "$OUT/results.tsv"
+  awk -F'\t' '$2 == "PASS" { p++ } $2 == "FAIL" { f++ } $2 == "SKIP" { s++ }
+    END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$OUT/results.tsv"
+} >"$OUT/summary.txt"
+sed -n '/^== perftest result rows/,/^$/p' "$OUT/summary.txt"
+tail -1 "$OUT/summary.txt"
+say "total $(elapsed "$T0") s; logs in $OUT"
+if awk -F'\t' '$2 == "FAIL" { bad = 1 } END { exit !bad }' "$OUT/results.tsv"; then exit 1; fi
+exit 0

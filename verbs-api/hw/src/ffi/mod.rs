@@ -6,4 +6,4 @@
 pub(crate) mod loader;
 pub(crate) mod region;
 pub(crate) mod safe;
-pub(crate) mod sys;
+pub(crate) use ibverbs_sys as sys;

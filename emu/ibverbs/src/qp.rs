@@ -1,0 +1,870 @@
+//! Queue pairs: create (classic and `ibv_create_qp_ex`), modify, query, destroy, posting
+//! through the context's ops table, and the `ibv_qp_ex` work-request builder (`ibv_wr_*`).
+//!
+//! Both posting paths collect work requests into a [`Batch`] (SGEs and inline bytes copied
+//! into two flat vectors, so a post allocates nothing once the thread's batch has grown) and
+//! post it with one `post_send` of the UDP QP. Only RC is offered; UD, UC, XRC, memory
+//! windows, TSO and invalidation answer `EOPNOTSUPP`.
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+use std::ops::Range;
+use std::sync::Mutex;
+
+use emu_driver::UdpQp;
+use ibverbs_sys::*;
+use verbs_api::{
+    Context, PostError, QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
+};
+
+use crate::device::udp_context;
+use crate::objects::{cq_inner, pd_udp, srq_udp};
+use crate::{convert, guard, null_with, set_errno};
+
+/// `IBV_SEND_INLINE`.
+const SEND_INLINE: u32 = 1 << 3;
+
+/// One work request of a [`Batch`].
+#[derive(Clone, Debug)]
+struct BatchWr {
+    wr_id: u64,
+    flags: SendFlags,
+    op: SendOp,
+    sge: Range<usize>,
+    inline: Option<Range<usize>>,
+}
+
+/// Send work requests being collected, with their SGEs and inline bytes in flat vectors.
+#[derive(Default, Debug)]
+pub(crate) struct Batch {
+    sges: Vec<Sge>,
+    bytes: Vec<u8>,
+    wrs: Vec<BatchWr>,
+    /// The first error of an `ibv_wr_*` call since `wr_start`, reported by `wr_complete`.
+    error: Option<c_int>,
+}
+
+impl Batch {
+    fn clear(&mut self) {
+        self.sges.clear();
+        self.bytes.clear();
+        self.wrs.clear();
+        self.error = None;
+    }
+
+    fn push(&mut self, wr_id: u64, flags: u32, op: SendOp) {
+        let n = self.sges.len();
+        self.wrs.push(BatchWr {
+            wr_id,
+            flags: SendFlags::from_bits_truncate(flags & !SEND_INLINE),
+            op,
+            sge: n..n,
+            inline: None,
+        });
+    }
+
+    /// Appends SGEs to the last work request.
+    fn add_sges(&mut self, sges: impl IntoIterator<Item = Sge>) {
+        let Some(last) = self.wrs.last_mut() else {
+            self.error.get_or_insert(libc::EINVAL);
+            return;
+        };
+        self.sges.extend(sges);
+        last.sge.end = self.sges.len();
+    }
+
+    /// Appends inline bytes to the last work request.
+    fn add_inline(&mut self, data: &[u8]) {
+        let Some(last) = self.wrs.last_mut() else {
+            self.error.get_or_insert(libc::EINVAL);
+            return;
+        };
+        let start = last.inline.as_ref().map_or(self.bytes.len(), |r| r.start);
+        self.bytes.extend_from_slice(data);
+        last.inline = Some(start..self.bytes.len());
+        last.flags |= SendFlags::INLINE;
+    }
+
+    /// Posts every collected work request.
+    fn post(&self, qp: &UdpQp) -> Result<(), PostError> {
+        let wrs: Vec<SendWr<'_>> = self
+            .wrs
+            .iter()
+            .map(|w| SendWr {
+                wr_id: w.wr_id,
+                op: w.op,
+                sg_list: if w.inline.is_some() {
+                    &[]
+                } else {
+                    &self.sges[w.sge.clone()]
+                },
+                inline_data: w.inline.clone().map_or(&[][..], |r| &self.bytes[r]),
+                flags: w.flags,
+            })
+            .collect();
+        qp.post_send(&wrs)
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Batch> = RefCell::new(Batch::default());
+}
+
+/// Runs `f` with this thread's scratch batch (a fresh one if it is in use).
+fn with_scratch<R>(f: impl FnOnce(&mut Batch) -> R) -> R {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut b) => {
+            b.clear();
+            f(&mut b)
+        }
+        Err(_) => f(&mut Batch::default()),
+    })
+}
+
+// ---- QP objects ----------------------------------------------------------------------------
+
+/// The private part of a QP.
+pub(crate) struct QpInner {
+    pub(crate) udp: UdpQp,
+    sq_sig_all: bool,
+    builder: Mutex<Batch>,
+}
+
+/// A queue pair: its `ibv_qp_ex` (whose prefix is the `ibv_qp`), then the private part.
+#[repr(C)]
+pub struct SvQp {
+    /// The public part.
+    pub qpx: ibv_qp_ex,
+    pub(crate) inner: QpInner,
+}
+
+/// # Safety
+///
+/// `qp` is NULL or a live QP of this library (`ibv_qp` or `ibv_qp_ex` pointer).
+unsafe fn qp_inner<'a, T>(qp: *mut T) -> Option<&'a QpInner> {
+    let sv = qp.cast::<SvQp>();
+    // SAFETY: per the contract; only the private part is borrowed.
+    (!sv.is_null()).then(|| unsafe { &(*sv).inner })
+}
+
+fn fill_qp_ex_ops(q: &mut ibv_qp_ex) {
+    q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    q.wr_bind_mw = Some(wr_bind_mw);
+    q.wr_local_inv = Some(wr_unsupported_u32);
+    q.wr_rdma_read = Some(wr_rdma_read);
+    q.wr_rdma_write = Some(wr_rdma_write);
+    q.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    q.wr_send = Some(wr_send);
+    q.wr_send_imm = Some(wr_send_imm);
+    q.wr_send_inv = Some(wr_unsupported_u32);
+    q.wr_send_tso = Some(wr_send_tso);
+    q.wr_set_ud_addr = Some(wr_set_ud_addr);
+    q.wr_set_xrc_srqn = Some(wr_unsupported_u32);
+    q.wr_set_inline_data = Some(wr_set_inline_data);
+    q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    q.wr_set_sge = Some(wr_set_sge);
+    q.wr_set_sge_list = Some(wr_set_sge_list);
+    q.wr_start = Some(wr_start);
+    q.wr_complete = Some(wr_complete);
+    q.wr_abort = Some(wr_abort);
+    q.wr_atomic_write = Some(wr_atomic_write);
+}
+
+/// Creates a QP from the classic attributes in `init` (whose `cap` receives the granted
+/// capacities) in `pd`.
+fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_int> {
+    // SAFETY: a live PD of ours (or NULL).
+    let udp_pd = unsafe { pd_udp(pd) }.ok_or(libc::EINVAL)?;
+    // SAFETY: a live PD records its live context.
+    let context = unsafe { (*pd).context };
+    // SAFETY: same context.
+    let c = unsafe { udp_context(context) }.ok_or(libc::EINVAL)?;
+    // SAFETY: the caller's attribute struct (checked non-NULL by the callers).
+    let a = unsafe { *init };
+    // SAFETY: live CQs/SRQ of ours (or NULL).
+    let (scq, rcq, srq) = unsafe { (cq_inner(a.send_cq), cq_inner(a.recv_cq), srq_udp(a.srq)) };
+    let (Some(scq), Some(rcq)) = (scq, rcq) else {
+        return Err(libc::EINVAL);
+    };
+    let qp_type = match a.qp_type {
+        2 => QpType::Rc,
+        3 => QpType::Uc,
+        4 => QpType::Ud,
+        _ => return Err(libc::EOPNOTSUPP),
+    };
+    let attr = QpInitAttr {
+        qp_type,
+        cap: convert::cap_from(&a.cap),
+        sq_sig_all: a.sq_sig_all != 0,
+    };
+    let udp = c
+        .udp
+        .create_qp(udp_pd, &scq.udp, &rcq.udp, srq, &attr)
+        .map_err(|e| e.errno())?;
+    if let Ok(q) = udp.query() {
+        // SAFETY: the caller's attribute struct: report the granted capacities.
+        unsafe { (*init).cap = convert::cap_to(&q.cap) };
+    }
+    // SAFETY: ibv_qp_ex is pointers, integers, Option<fn> and pthread objects whose all-zero
+    // pattern is their static initializer on glibc: all-zero is valid.
+    let mut q: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let b = &mut q.qp_base;
+    b.context = context;
+    b.qp_context = a.qp_context;
+    b.pd = pd;
+    b.send_cq = a.send_cq;
+    b.recv_cq = a.recv_cq;
+    b.srq = a.srq;
+    b.handle = udp.qp_num();
+    b.qp_num = udp.qp_num();
+    b.state = 0;
+    b.qp_type = a.qp_type;
+    fill_qp_ex_ops(&mut q);
+    let qpn = udp.qp_num();
+    let sv = Box::into_raw(Box::new(SvQp {
+        qpx: q,
+        inner: QpInner {
+            udp,
+            sq_sig_all: a.sq_sig_all != 0,
+            builder: Mutex::new(Batch::default()),
+        },
+    }));
+    if let Ok(mut m) = c.maps.lock() {
+        m.qps.insert(qpn, sv as usize);
+    }
+    Ok(sv)
+}
+
+/// `ibv_create_qp`: RC only (`EOPNOTSUPP` for other types); the granted capacities are
+/// written back into `qp_init_attr->cap`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        if qp_init_attr.is_null() {
+            return null_with(libc::EINVAL);
+        }
+        match new_qp(pd, qp_init_attr) {
+            Ok(sv) => sv.cast(),
+            Err(e) => null_with(e),
+        }
+    })
+}
+
+const QP_EX_MASKS: u32 =
+    IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+
+/// `verbs_context.create_qp_ex`: `comp_mask` PD (required), SEND_OPS_FLAGS (RC operations
+/// only) and CREATE_FLAGS (0 only); anything else `EOPNOTSUPP`.
+pub unsafe extern "C" fn create_qp_ex(
+    _context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        if attr.is_null() {
+            return null_with(libc::EINVAL);
+        }
+        // SAFETY: the caller's attribute struct.
+        let a = unsafe { *attr };
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            return null_with(libc::EINVAL);
+        }
+        let bad_ops = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0
+            && a.send_ops_flags & !IBV_QP_EX_RC_OPS != 0;
+        let bad_flags = a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0;
+        if a.comp_mask & !QP_EX_MASKS != 0 || bad_ops || bad_flags {
+            return null_with(libc::EOPNOTSUPP);
+        }
+        let mut init = ibv_qp_init_attr {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        };
+        match new_qp(a.pd, &mut init) {
+            Ok(sv) => {
+                // SAFETY: the caller's attribute struct.
+                unsafe { (*attr).cap = init.cap };
+                sv.cast()
+            }
+            Err(e) => null_with(e),
+        }
+    })
+}
+
+/// `ibv_qp_to_qp_ex`: every QP of this library has the extended builder.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    if qp.is_null() {
+        return null_with(libc::EINVAL);
+    }
+    qp.cast()
+}
+
+/// `ibv_modify_qp`: the mask rules of rc-transport.md §5.1 (a missing or extra bit, an illegal
+/// transition → `EINVAL`; an unknown bit → `EOPNOTSUPP`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    attr_mask: c_int,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a live QP of ours (or NULL).
+        let Some(inner) = (unsafe { qp_inner(qp) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller's attribute struct.
+        let c = unsafe { *attr };
+        let (a, mask) = match convert::qp_attr_from(&c, attr_mask) {
+            Ok(v) => v,
+            Err(e) => return e.errno(),
+        };
+        match inner.udp.modify(&a, mask) {
+            Ok(()) => {
+                if let Ok(s) = inner.udp.state() {
+                    // SAFETY: a live QP; `state` is the public field libibverbs maintains.
+                    unsafe { (*qp).state = s as u32 };
+                }
+                0
+            }
+            Err(e) => e.errno(),
+        }
+    })
+}
+
+/// `ibv_query_qp`: every attribute (whatever `attr_mask` says) and the creation attributes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _attr_mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a live QP of ours (or NULL).
+        let Some(inner) = (unsafe { qp_inner(qp) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() || init_attr.is_null() {
+            return libc::EINVAL;
+        }
+        let a = match inner.udp.query() {
+            Ok(a) => a,
+            Err(e) => return e.errno(),
+        };
+        let c = convert::qp_attr_to(&a);
+        // SAFETY: a live QP (public fields read and `state` written) and the caller's structs.
+        unsafe {
+            (*qp).state = c.qp_state;
+            attr.write(c);
+            init_attr.write(ibv_qp_init_attr {
+                qp_context: (*qp).qp_context,
+                send_cq: (*qp).send_cq,
+                recv_cq: (*qp).recv_cq,
+                srq: (*qp).srq,
+                cap: c.cap,
+                qp_type: (*qp).qp_type,
+                sq_sig_all: c_int::from(inner.sq_sig_all),
+            });
+        }
+        0
+    })
+}
+
+/// `ibv_destroy_qp`: outstanding work is discarded.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a live QP of ours (or NULL).
+        let Some(inner) = (unsafe { qp_inner(qp) }) else {
+            return libc::EINVAL;
+        };
+        let qpn = inner.udp.qp_num();
+        if let Err(e) = inner.udp.destroy() {
+            return e.errno();
+        }
+        // SAFETY: a live QP records its live context.
+        if let Some(c) = unsafe { udp_context((*qp).context) }
+            && let Ok(mut m) = c.maps.lock()
+        {
+            m.qps.remove(&qpn);
+        }
+        // SAFETY: allocated by new_qp; the caller gives it up.
+        drop(unsafe { Box::from_raw(qp.cast::<SvQp>()) });
+        0
+    })
+}
+
+/// `IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG`.
+const DATA_IN_ORDER_WHOLE_MSG: c_int = 1;
+
+/// `ibv_query_qp_data_in_order`: the responder places each message's data in PSN order.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(
+    qp: *mut ibv_qp,
+    _op: u32,
+    _flags: u32,
+) -> c_int {
+    if qp.is_null() {
+        return 0;
+    }
+    DATA_IN_ORDER_WHOLE_MSG
+}
+
+// ---- posting -------------------------------------------------------------------------------
+
+/// The SGEs of a C work request, converted.
+///
+/// # Safety
+///
+/// `sg_list` holds `num_sge` entries when `num_sge > 0`.
+unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'static [ibv_sge], c_int> {
+    let n = usize::try_from(num_sge).map_err(|_| libc::EINVAL)?;
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if sg_list.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: per the contract.
+    Ok(unsafe { std::slice::from_raw_parts(sg_list, n) })
+}
+
+fn sge(s: &ibv_sge) -> Sge {
+    Sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }
+}
+
+/// The operation of a classic send work request.
+fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
+    // SAFETY: the union is read as the variant the opcode selects; both are plain integers.
+    let (rdma, atomic) = unsafe { (wr.wr.rdma, wr.wr.atomic) };
+    let imm = u32::from_be(wr.imm_data);
+    Ok(match wr.opcode {
+        0 => SendOp::RdmaWrite {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        1 => SendOp::RdmaWriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+            imm,
+        },
+        2 => SendOp::Send,
+        3 => SendOp::SendWithImm { imm },
+        4 => SendOp::RdmaRead {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        5 => SendOp::AtomicCmpAndSwp {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        6 => SendOp::AtomicFetchAndAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            add: atomic.compare_add,
+        },
+        7..=14 => return Err(libc::EOPNOTSUPP),
+        _ => return Err(libc::EINVAL),
+    })
+}
+
+/// Adds one classic send work request to `batch`; inline payloads are copied now.
+///
+/// # Safety
+///
+/// `wr` follows `ibv_post_send`'s contract (valid SGE list; inline SGEs name readable memory).
+unsafe fn add_send_wr(batch: &mut Batch, wr: &ibv_send_wr) -> Result<(), c_int> {
+    let op = send_op(wr)?;
+    // SAFETY: per the contract.
+    let list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
+    batch.push(wr.wr_id, wr.send_flags, op);
+    if wr.send_flags & SEND_INLINE != 0 {
+        for s in list {
+            let n = s.length as usize;
+            if n == 0 {
+                continue;
+            }
+            if s.addr == 0 {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: per ibv_post_send, an inline SGE names `length` readable bytes, copied
+            // before the call returns.
+            let data = unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, n) };
+            batch.add_inline(data);
+        }
+        if let Some(last) = batch.wrs.last_mut() {
+            last.flags |= SendFlags::INLINE;
+            last.inline
+                .get_or_insert(batch.bytes.len()..batch.bytes.len());
+        }
+    } else {
+        batch.add_sges(list.iter().map(sge));
+    }
+    Ok(())
+}
+
+/// Posts a classic WR list: WRs before a failing one are posted, `*bad_wr` names the failing
+/// one and its errno is returned.
+///
+/// # Safety
+///
+/// `wr` is a valid NULL-terminated list; `bad_wr` is NULL or writable.
+unsafe fn post_send_list(qp: &UdpQp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    with_scratch(|batch| {
+        let mut ptrs: Vec<*mut ibv_send_wr> = Vec::new();
+        let mut cur = wr;
+        let mut conv_err = None;
+        while !cur.is_null() {
+            // SAFETY: a node of the caller's list.
+            let w = unsafe { &*cur };
+            // SAFETY: per ibv_post_send's contract.
+            if let Err(e) = unsafe { add_send_wr(batch, w) } {
+                batch.wrs.truncate(ptrs.len());
+                conv_err = Some((ptrs.len(), e));
+                ptrs.push(cur);
+                break;
+            }
+            ptrs.push(cur);
+            cur = w.next;
+        }
+        let result = match batch.post(qp) {
+            Err(e) => Some((e.index, e.error.errno())),
+            Ok(()) => conv_err,
+        };
+        match result {
+            None => 0,
+            Some((i, errno)) => {
+                if !bad_wr.is_null() {
+                    let p = ptrs.get(i).copied().unwrap_or(wr);
+                    // SAFETY: the caller's out-pointer.
+                    unsafe { bad_wr.write(p) };
+                }
+                errno
+            }
+        }
+    })
+}
+
+/// `ops.post_send` (`ibv_post_send`).
+pub unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a live QP of ours (or NULL).
+        let Some(inner) = (unsafe { qp_inner(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: ibv_post_send's contract.
+        unsafe { post_send_list(&inner.udp, wr, bad_wr) }
+    })
+}
+
+/// Posts a receive WR list through `post`, with `ibv_post_recv`'s `bad_wr` semantics.
+///
+/// # Safety
+///
+/// `wr` is a valid NULL-terminated list; `bad_wr` is NULL or writable.
+pub(crate) unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl FnOnce(&[RecvWr<'_>]) -> Result<(), PostError>,
+) -> c_int {
+    let mut all: Vec<Sge> = Vec::new();
+    let mut items: Vec<(u64, Range<usize>, *mut ibv_recv_wr)> = Vec::new();
+    let mut cur = wr;
+    let mut conv_err = None;
+    while !cur.is_null() {
+        // SAFETY: a node of the caller's list.
+        let w = unsafe { &*cur };
+        // SAFETY: per ibv_post_recv's contract.
+        match unsafe { sges(w.sg_list, w.num_sge) } {
+            Ok(list) => {
+                let start = all.len();
+                all.extend(list.iter().map(sge));
+                items.push((w.wr_id, start..all.len(), cur));
+            }
+            Err(e) => {
+                conv_err = Some((items.len(), e, cur));
+                break;
+            }
+        }
+        cur = w.next;
+    }
+    let wrs: Vec<RecvWr<'_>> = items
+        .iter()
+        .map(|(id, r, _)| RecvWr::new(*id, &all[r.clone()]))
+        .collect();
+    let result = match post(&wrs) {
+        Err(e) => Some((e.error.errno(), items.get(e.index).map_or(wr, |i| i.2))),
+        Ok(()) => conv_err.map(|(_, e, p)| (e, p)),
+    };
+    match result {
+        None => 0,
+        Some((errno, p)) => {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { bad_wr.write(p) };
+            }
+            errno
+        }
+    }
+}
+
+/// `ops.post_recv` (`ibv_post_recv`).
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a live QP of ours (or NULL).
+        let Some(inner) = (unsafe { qp_inner(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: ibv_post_recv's contract.
+        unsafe { post_recv_list(wr, bad_wr, |wrs| inner.udp.post_recv(wrs)) }
+    })
+}
+
+// ---- ibv_qp_ex builder ---------------------------------------------------------------------
+
+/// Runs `f` on the QP's builder (nothing for a NULL or poisoned one).
+fn with_builder(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut Batch)) {
+    guard((), || {
+        // SAFETY: a live QP of ours (or NULL).
+        if let Some(inner) = unsafe { qp_inner(qp) }
+            && let Ok(mut b) = inner.builder.lock()
+        {
+            f(&mut b);
+        }
+    })
+}
+
+/// Starts a work request of `op` with the QP's current `wr_id` and `wr_flags`.
+fn start_wr(qp: *mut ibv_qp_ex, op: SendOp) {
+    if qp.is_null() {
+        return;
+    }
+    // SAFETY: a live QP; `wr_id`/`wr_flags` are the public fields the application set.
+    let (wr_id, flags) = unsafe { ((*qp).wr_id, (*qp).wr_flags) };
+    with_builder(qp, |b| b.push(wr_id, flags, op));
+}
+
+fn fail_wr(qp: *mut ibv_qp_ex, errno: c_int) {
+    with_builder(qp, |b| {
+        b.error.get_or_insert(errno);
+    });
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    with_builder(qp, Batch::clear);
+}
+
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a live QP of ours (or NULL).
+        let Some(inner) = (unsafe { qp_inner(qp) }) else {
+            return libc::EINVAL;
+        };
+        let Ok(mut b) = inner.builder.lock() else {
+            return libc::EIO;
+        };
+        let r = match b.error {
+            Some(e) => e,
+            None => match b.post(&inner.udp) {
+                Ok(()) => 0,
+                Err(e) => e.error.errno(),
+            },
+        };
+        b.clear();
+        r
+    })
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    with_builder(qp, Batch::clear);
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    start_wr(qp, SendOp::Send);
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
+    start_wr(
+        qp,
+        SendOp::SendWithImm {
+            imm: u32::from_be(imm),
+        },
+    );
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    start_wr(qp, SendOp::RdmaWrite { remote_addr, rkey });
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+    let imm = u32::from_be(imm);
+    start_wr(
+        qp,
+        SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        },
+    );
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    start_wr(qp, SendOp::RdmaRead { remote_addr, rkey });
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    let op = SendOp::AtomicCmpAndSwp {
+        remote_addr,
+        rkey,
+        compare,
+        swap,
+    };
+    start_wr(qp, op);
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    start_wr(
+        qp,
+        SendOp::AtomicFetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        },
+    );
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    with_builder(qp, |b| b.add_sges([Sge { addr, length, lkey }]));
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
+    if num_sge > 0 && sg_list.is_null() {
+        return fail_wr(qp, libc::EINVAL);
+    }
+    with_builder(qp, |b| {
+        if num_sge == 0 {
+            return b.add_sges([]);
+        }
+        // SAFETY: ibv_wr_set_sge_list's contract: `sg_list` holds `num_sge` entries.
+        let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge) };
+        b.add_sges(list.iter().map(sge));
+    });
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    if length > 0 && addr.is_null() {
+        return fail_wr(qp, libc::EINVAL);
+    }
+    with_builder(qp, |b| {
+        let data: &[u8] = if length == 0 {
+            &[]
+        } else {
+            // SAFETY: ibv_wr_set_inline_data's contract: `length` readable bytes at `addr`,
+            // copied now.
+            unsafe { std::slice::from_raw_parts(addr.cast(), length) }
+        };
+        b.add_inline(data);
+    });
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    num_buf: usize,
+    buf_list: *const ibv_data_buf,
+) {
+    if num_buf > 0 && buf_list.is_null() {
+        return fail_wr(qp, libc::EINVAL);
+    }
+    with_builder(qp, |b| {
+        if num_buf == 0 {
+            return b.add_inline(&[]);
+        }
+        // SAFETY: the contract: `buf_list` holds `num_buf` entries.
+        let bufs = unsafe { std::slice::from_raw_parts(buf_list, num_buf) };
+        for d in bufs {
+            if d.length == 0 {
+                b.add_inline(&[]);
+                continue;
+            }
+            if d.addr.is_null() {
+                b.error.get_or_insert(libc::EINVAL);
+                return;
+            }
+            // SAFETY: each buffer names `length` readable bytes, copied now.
+            b.add_inline(unsafe { std::slice::from_raw_parts(d.addr.cast(), d.length) });
+        }
+    });
+}
+
+unsafe extern "C" fn wr_unsupported_u32(qp: *mut ibv_qp_ex, _v: u32) {
+    fail_wr(qp, libc::EOPNOTSUPP);
+}
+
+unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
+    fail_wr(qp, libc::EOPNOTSUPP);
+}
+
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    _mw: *mut c_void,
+    _rkey: u32,
+    _b: *const c_void,
+) {
+    fail_wr(qp, libc::EOPNOTSUPP);
+}
+
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, _ah: *mut ibv_ah, _qpn: u32, _qkey: u32) {
+    fail_wr(qp, libc::EOPNOTSUPP);
+}
+
+unsafe extern "C" fn wr_atomic_write(
+    qp: *mut ibv_qp_ex,
+    _rkey: u32,
+    _remote_addr: u64,
+    _wr: *const c_void,
+) {
+    fail_wr(qp, libc::EOPNOTSUPP);
+}
+
+/// Sets errno for a QP-less failure (kept for symmetry with the other modules).
+#[allow(dead_code)]
+fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    e
+}

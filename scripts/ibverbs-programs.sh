@@ -22,7 +22,8 @@
 #
 # Needs: the drop-in (scripts/build-libibverbs.sh --release), Debian's ibverbs-utils and
 # perftest, python3 (the table). Environment:
-#   SOFTVERBS_LIB_DIR  directory of libibverbs.so.1 (default: ${CARGO_TARGET_DIR:-target}/libibverbs)
+#   SOFTVERBS_LIB_DIR  directory of libibverbs.so.1 (default: $LIBIBVERBS_DIR, else target/libibverbs,
+#                      where scripts/build-libibverbs.sh puts it)
 #   SOFTVERBS_BIN      the softverbs binary (default: cargo build --release, then its path)
 #   CASE_TIMEOUT       bound of every process, seconds (default 60)
 #   PP_ITERS           pingpong iterations up to 64 KiB (default 200; 50 above)
@@ -62,7 +63,7 @@ done
 say() { printf 'ibverbs-programs: %s\n' "$*" >&2; }
 
 # ---- prerequisites --------------------------------------------------------------------------
-LIB_DIR=${SOFTVERBS_LIB_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/libibverbs}
+LIB_DIR=${SOFTVERBS_LIB_DIR:-${LIBIBVERBS_DIR:-$ROOT/target/libibverbs}}
 if [ ! -f "$LIB_DIR/libibverbs.so.1" ]; then
   say "error: no libibverbs.so.1 in $LIB_DIR: build the drop-in first with"
   say "       scripts/build-libibverbs.sh --release   (or set SOFTVERBS_LIB_DIR)"
@@ -85,6 +86,7 @@ if [ -z "${SOFTVERBS_BIN:-}" ]; then
 fi
 BIN=${SOFTVERBS_BIN:-}
 [ -n "$BIN" ] && [ -x "$BIN" ] || { say "error: no softverbs binary (set SOFTVERBS_BIN)"; exit 2; }
+BIN=$(realpath "$BIN")
 EXEC=("$BIN" exec --lib "$LIB_DIR" --)
 
 mkdir -p "$OUT"
@@ -115,6 +117,15 @@ record() {
 }
 passed() { awk -F'\t' -v n="$1" '$1 == n && $2 == "PASS" { f = 1 } END { exit !f }' "$OUT/results.tsv"; }
 elapsed() { awk -v ms=$(( $(ms) - $1 )) 'BEGIN { printf "%.1f", ms / 1000 }'; }
+# The line of a program's output that says what went wrong (else its last line), short.
+why_line() {
+  local line
+  line=$(grep -Ei -m1 "fail|couldn't|error|unable|unsupported|not supported|invalid|abort|exceeded" "$1")
+  [ -n "$line" ] || line=$(tail -1 "$1")
+  printf '%s' "$line" | tr -s ' \t' ' ' | cut -c1-90
+}
+# exit 124/137 are timeout's.
+status_word() { case $1 in 124|137) echo "timed out (${CASE_TIMEOUT}s)" ;; *) echo "exit $1" ;; esac; }
 bounded() { timeout -k 5 "$CASE_TIMEOUT" "${EXEC[@]}" "$@" </dev/null; }
 
 # single NAME CHECK PROGRAM ARGS...: one process; CHECK OUTFILE says whether its output is right.
@@ -126,7 +137,7 @@ single() {
   t0=$(ms)
   bounded "$@" >"$OUT/$name.out" 2>&1 || rc=$?
   if [ $rc != 0 ]; then
-    why="exit $rc: $(tail -1 "$OUT/$name.out")"
+    why="$(status_word $rc): $(why_line "$OUT/$name.out")"
   else
     why=$("$check" "$OUT/$name.out")
   fi
@@ -161,7 +172,7 @@ pair() {
   fi
   wait "$srv" || src=$?
   if [ $src != 0 ] || [ $crc != 0 ]; then
-    why="server exit $src, client exit $crc: $(tail -1 "$so" | cut -c1-80) | $(tail -1 "$co" | cut -c1-80)"
+    why="server $(status_word $src): $(why_line "$so") | client $(status_word $crc): $(why_line "$co")"
   else
     why=$("$check" "$so" "$co")
   fi
@@ -200,7 +211,7 @@ check_pingpong() {
 }
 # perftest result rows of a file: BW rows have 5 numbers, latency rows 9.
 perf_rows() {
-  awk '/#bytes/ { on = 1; next } on && /^ *[0-9]+( +[0-9.]+)+ *$/' "$1"
+  awk '/#bytes/ { on = 1; next } on && /^[ \t]*[0-9]+([ \t]+[0-9.]+)+[ \t]*$/' "$1" | tr -s ' \t' ' '
 }
 # check_perftest KIND ROWS SERVER_OUT CLIENT_OUT: KIND bw|lat, ROWS expected on the client.
 check_perftest() {
@@ -281,7 +292,7 @@ for t in tests:
         text = open(f"{out}/ib_{t}-default.client.out").read()
     except OSError:
         continue
-    rows = re.findall(r"^ *(\d+(?: +[\d.]+)+) *$", text.split("#bytes", 1)[-1], re.M)
+    rows = re.findall(r"^[ \t]*(\d+(?:[ \t]+[\d.]+)+)[ \t]*$", text.split("#bytes", 1)[-1], re.M)
     if not rows:
         print(f"{t:<11} (no perftest result)")
         continue

@@ -13,7 +13,7 @@
 # newly passing test is reported. --update rewrites the expectations from this run instead
 # (keeping the reasons of unchanged lines; review new reasons by hand).
 #
-# Environment: SOFTVERBS_LIB_DIR (default ${CARGO_TARGET_DIR:-target}/libibverbs), SOFTVERBS_BIN
+# Environment: SOFTVERBS_LIB_DIR (default $LIBIBVERBS_DIR, else target/libibverbs), SOFTVERBS_BIN
 # (default: target/{release,debug}/softverbs, else cargo build --release), PYTHON (default
 # /usr/bin/python3: Debian's interpreter, the one python3-pyverbs is built for),
 # PYVERBS_TIMEOUT (seconds, default 900).
@@ -38,7 +38,7 @@ EXPECTED=$ROOT/tests/pyverbs-expected.tsv
 PYTHON=${PYTHON:-/usr/bin/python3}
 TIMEOUT=${PYVERBS_TIMEOUT:-900}
 
-LIB_DIR=${SOFTVERBS_LIB_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/libibverbs}
+LIB_DIR=${SOFTVERBS_LIB_DIR:-${LIBIBVERBS_DIR:-$ROOT/target/libibverbs}}
 if [ ! -f "$LIB_DIR/libibverbs.so.1" ]; then
   say "error: no libibverbs.so.1 in $LIB_DIR: build the drop-in first with"
   say "       scripts/build-libibverbs.sh --release   (or set SOFTVERBS_LIB_DIR)"
@@ -64,6 +64,7 @@ if [ -z "$BIN" ]; then
     grep -o '"executable":"[^"]*softverbs"' | sed 's/^"executable":"//; s/"$//' | tail -1)
 fi
 [ -n "$BIN" ] && [ -x "$BIN" ] || { say "error: no softverbs binary (set SOFTVERBS_BIN)"; exit 2; }
+BIN=$(realpath "$BIN")
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -83,6 +84,11 @@ case $rc in
   *) say "run_tests.py ended abnormally (exit $rc): tests after the crash did not report" ;;
 esac
 "$PYTHON" "$ROOT/scripts/pyverbs-results.py" parse "$OUT/run.log" >"$OUT/results.tsv" || exit 2
+if [ ! -s "$OUT/results.tsv" ]; then
+  say "error: no test reported a result; run_tests.py said:"
+  tail -5 "$OUT/run.log" >&2
+  exit 1
+fi
 if [ "$UPDATE" = 1 ]; then
   "$PYTHON" "$ROOT/scripts/pyverbs-results.py" update "$OUT/results.tsv" "$EXPECTED"
   say "rewrote $EXPECTED: review the reasons of new non-pass lines"

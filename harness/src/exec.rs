@@ -10,7 +10,7 @@
 //! The library directory is, in this order: `--lib DIR`, `SOFTVERBS_LIB_DIR`, or
 //! `libibverbs/` in the cargo target directory the running `softverbs` binary was built in
 //! (`target/release/softverbs` → `target/libibverbs/`), where `scripts/build-libibverbs.sh`
-//! puts it. This module does not load the library or check what it exports; the library reads
+//! puts it (or, when only that exists, the building workspace's `target/libibverbs/`). This module does not load the library or check what it exports; the library reads
 //! the variables itself.
 
 use std::ffi::{OsStr, OsString};
@@ -183,19 +183,25 @@ fn library_dir(flag: Option<&Path>, env: Option<&OsStr>) -> Result<PathBuf, Drop
         .map_err(|e| DropInError(format!("{}: {e}", dir.display())))
 }
 
+/// Where `scripts/build-libibverbs.sh` puts the library by default: `target/libibverbs` of
+/// the workspace this binary was built from.
+const WORKSPACE_LIB_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/libibverbs");
+
 /// `libibverbs/` in the cargo target directory of the running binary
-/// (`<target>/<profile>/softverbs`).
+/// (`<target>/<profile>/softverbs`) when it holds the library, else the workspace's
+/// `target/libibverbs` when that does (a `CARGO_TARGET_DIR` elsewhere), else the former.
 pub fn default_lib_dir() -> Result<PathBuf, DropInError> {
     let exe = std::env::current_exe()
         .map_err(|e| DropInError(format!("cannot locate the softverbs binary: {e}")))?;
-    let target = exe.parent().and_then(Path::parent).ok_or_else(|| {
-        DropInError(format!(
-            "{} is not in a cargo target directory: name the library's directory with --lib \
-             DIR or {LIB_DIR_ENV}",
-            exe.display()
-        ))
-    })?;
-    Ok(target.join("libibverbs"))
+    let next_to_exe = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|target| target.join("libibverbs"));
+    let workspace = PathBuf::from(WORKSPACE_LIB_DIR);
+    match next_to_exe {
+        Some(dir) if dir.join(LIB_NAME).is_file() || !workspace.join(LIB_NAME).is_file() => Ok(dir),
+        _ => Ok(workspace),
+    }
 }
 
 /// The plan's absolute path, once it reads as a valid fault plan.

@@ -223,9 +223,10 @@ check_perftest() {
     echo "client: want $want result rows, got $(printf '%s' "$rows" | grep -c .)"
     return
   fi
-  # Every row: the right number of columns, iterations > 0, the average (BW) or t_avg > 0.
+  # Every row: the right number of columns, iterations > 0, a message rate (BW; the MiB/s
+  # columns print 0.00 for 2-byte messages) or t_avg (latency) > 0.
   bad=$(printf '%s\n' "$rows" | awk -v n="$fields" -v kind="$kind" '
-    NF != n || $2 <= 0 || (kind == "bw" && $4 <= 0) || (kind == "lat" && $6 <= 0) { print; exit }')
+    NF != n || $2 <= 0 || (kind == "bw" && $5 <= 0) || (kind == "lat" && $6 <= 0) { print; exit }')
   [ -z "$bad" ] || echo "client: bad row: $bad"
 }
 pp_iters() { if [ "$1" -le 65536 ]; then echo "$PP_ITERS"; else echo 50; fi; }

@@ -209,9 +209,11 @@ check_pingpong() {
     fi
   done
 }
-# perftest result rows of a file: BW rows have 5 numbers, latency rows 9.
+# perftest result rows of a file: BW rows have 5 numbers, latency rows 9 (perftest's own
+# t_stdev arithmetic prints -nan now and then).
 perf_rows() {
-  awk '/#bytes/ { on = 1; next } on && /^[ \t]*[0-9]+([ \t]+[0-9.]+)+[ \t]*$/' "$1" | tr -s ' \t' ' '
+  awk '/#bytes/ { on = 1; next }
+    on && /^[ \t]*[0-9]+([ \t]+([0-9.]+|-?nan|-?inf))+[ \t]*$/' "$1" | tr -s ' \t' ' '
 }
 # check_perftest KIND ROWS SERVER_OUT CLIENT_OUT: KIND bw|lat, ROWS expected on the client.
 check_perftest() {
@@ -293,7 +295,7 @@ for t in tests:
         text = open(f"{out}/ib_{t}-default.client.out").read()
     except OSError:
         continue
-    rows = re.findall(r"^[ \t]*(\d+(?:[ \t]+[\d.]+)+)[ \t]*$", text.split("#bytes", 1)[-1], re.M)
+    rows = re.findall(r"^[ \t]*(\d+(?:[ \t]+(?:[\d.]+|-?nan|-?inf))+)[ \t]*$", text.split("#bytes", 1)[-1], re.M)
     if not rows:
         print(f"{t:<11} (no perftest result)")
         continue

@@ -287,20 +287,27 @@ pub(crate) struct ObjMaps {
 pub(crate) struct AsyncShared {
     queue: Mutex<VecDeque<AsyncEvent>>,
     fd: OwnedFd,
+    /// `ibv_context.cmd_fd`: a real descriptor (an idle eventfd) that nothing reads, so that
+    /// programs which `dup` it (pyverbs' import tests) get a descriptor.
+    cmd_fd: OwnedFd,
     stop: AtomicBool,
 }
 
 impl AsyncShared {
     fn new() -> std::io::Result<AsyncShared> {
-        // SAFETY: plain eventfd creation; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let eventfd = |flags| {
+            // SAFETY: plain eventfd creation; the result is checked.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: `fd` is a fresh descriptor nobody else owns.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        };
         Ok(AsyncShared {
             queue: Mutex::new(VecDeque::new()),
-            // SAFETY: `fd` is a fresh descriptor nobody else owns.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd: eventfd(libc::EFD_SEMAPHORE)?,
+            cmd_fd: eventfd(0)?,
             stop: AtomicBool::new(false),
         })
     }
@@ -403,7 +410,7 @@ fn new_context(dev: *mut SvDevice) -> Result<*mut SvContext, i32> {
     vctx.get_srq_num = Some(crate::objects::get_srq_num);
     vctx.sz = size_of::<verbs_context>();
     vctx.context.device = dev.cast();
-    vctx.context.cmd_fd = -1;
+    vctx.context.cmd_fd = events.cmd_fd.as_raw_fd();
     vctx.context.async_fd = events.fd.as_raw_fd();
     vctx.context.num_comp_vectors = 1;
     vctx.context.abi_compat = VERBS_ABI_IS_EXTENDED;

@@ -229,6 +229,16 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         match c.udp.create_comp_channel() {
             Ok(udp) => {
                 use std::os::fd::AsRawFd;
+                // libibverbs' channel fd blocks until the application makes it non-blocking;
+                // the device's is non-blocking, and only ever read when a byte is pending.
+                let fd = udp.as_raw_fd();
+                // SAFETY: F_GETFL/F_SETFL on the channel's live descriptor.
+                unsafe {
+                    let fl = libc::fcntl(fd, libc::F_GETFL);
+                    if fl >= 0 {
+                        libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+                    }
+                }
                 let ch = ibv_comp_channel {
                     context,
                     fd: udp.as_raw_fd(),
@@ -319,9 +329,14 @@ fn new_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
 ) -> Result<*mut SvCq, c_int> {
     // SAFETY: a context we opened (or NULL).
     let c = unsafe { udp_context(context) }.ok_or(libc::EINVAL)?;
+    // SAFETY: same context; `num_comp_vectors` is a public field set at open.
+    if comp_vector < 0 || comp_vector >= unsafe { (*context).num_comp_vectors } {
+        return Err(libc::EINVAL);
+    }
     let cqe = u32::try_from(cqe).map_err(|_| libc::EINVAL)?;
     // SAFETY: a live channel of ours (or NULL).
     let ch = unsafe { channel_udp(channel) };
@@ -357,10 +372,10 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard(std::ptr::null_mut(), || {
-        match new_cq(context, cqe, cq_context, channel) {
+        match new_cq(context, cqe, cq_context, channel, comp_vector) {
             Ok(sv) => sv.cast(),
             Err(e) => null_with(e),
         }
@@ -390,7 +405,10 @@ pub unsafe extern "C" fn create_cq_ex(
         let Ok(cqe) = c_int::try_from(a.cqe) else {
             return null_with(libc::EINVAL);
         };
-        match new_cq(context, cqe, a.cq_context, a.channel) {
+        let Ok(vector) = c_int::try_from(a.comp_vector) else {
+            return null_with(libc::EINVAL);
+        };
+        match new_cq(context, cqe, a.cq_context, a.channel, vector) {
             Ok(sv) => sv.cast(),
             Err(e) => null_with(e),
         }
@@ -472,6 +490,11 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
                 break;
             }
         }
+        if done == 0 && want > 0 {
+            // A busy-polling application on a loaded machine: let the peer (often another
+            // process on the same host) run.
+            std::thread::yield_now();
+        }
         c_int::try_from(done).unwrap_or(c_int::MAX)
     })
 }
@@ -521,11 +544,13 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                     Ok(Some(h)) => break h,
                     Ok(None) => wait_readable(fd),
                     Err(e) => {
+                        crate::debug(|| format!("ibv_get_cq_event: wait: {e}"));
                         set_errno(e.errno());
                         return -1;
                     }
                 },
                 Err(e) => {
+                    crate::debug(|| format!("ibv_get_cq_event: {e}"));
                     set_errno(e.errno());
                     return -1;
                 }
@@ -535,6 +560,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let found = unsafe { udp_context(context) }
             .and_then(|c| c.maps.lock().ok().and_then(|m| m.cqs.get(&handle).copied()));
         let Some(p) = found else {
+            crate::debug(|| format!("ibv_get_cq_event: event for unknown CQ handle {handle}"));
             set_errno(libc::EINVAL);
             return -1;
         };
@@ -584,6 +610,7 @@ fn cq_advance(cq: *mut ibv_cq_ex, first: bool) -> c_int {
         cur.buf.truncate(n);
         cur.pos = 0;
         if n == 0 {
+            std::thread::yield_now();
             return libc::ENOENT;
         }
     }
@@ -848,7 +875,7 @@ pub struct SvAh {
     attr: ibv_ah_attr,
 }
 
-/// `ibv_create_ah`: stores the attributes.
+/// `ibv_create_ah`: stores the attributes; `EINVAL` without a GRH (RoCE needs one).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard(std::ptr::null_mut(), || {
@@ -857,6 +884,10 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         }
         // SAFETY: a live PD and the caller's attribute struct.
         let (context, attr) = unsafe { ((*pd).context, *attr) };
+        // Every softverbs port is RoCE: an address needs the GRH (the peer's GID).
+        if attr.is_global == 0 {
+            return null_with(libc::EINVAL);
+        }
         let ah = ibv_ah {
             context,
             pd,

@@ -1,5 +1,6 @@
 //! Every exported symbol softverbs does not implement, failing as libibverbs fails for a verb
-//! the device does not support: an errno return (`EOPNOTSUPP`) for calls returning one, NULL
+//! the device does not support: an errno return (`EOPNOTSUPP`, also stored in `errno`, which pyverbs reports) for calls
+//! returning one, NULL
 //! with `errno = EOPNOTSUPP` for calls returning an object, −1 with `errno` for the sysfs
 //! readers, nothing for the `void` provider hooks (`verbs_register_driver_34`, which libmlx5's
 //! and libefa's constructors call at load time, is accepted and ignored).
@@ -17,9 +18,10 @@ use crate::{null_with, set_errno};
 /// Defines stubs returning `EOPNOTSUPP` (the errno-returning convention of verbs).
 macro_rules! errno_stubs {
     ($($name:ident),* $(,)?) => {$(
-        #[doc = concat!("`", stringify!($name), "`: not supported (`EOPNOTSUPP`).")]
+        #[doc = concat!("`", stringify!($name), "`: not supported (`EOPNOTSUPP`, also in `errno`).")]
         #[unsafe(no_mangle)]
         pub extern "C" fn $name() -> c_int {
+            set_errno(libc::EOPNOTSUPP);
             libc::EOPNOTSUPP
         }
     )*};

@@ -12,6 +12,8 @@
 #   ibv_rc_pingpong / ibv_srq_pingpong -g 0, with and without -e, sizes 64 B … 1 MiB (×4):
 #                                  both sides print "B bytes in … seconds" with B = 2·size·iters
 #                                  and "N iters in … usec/iter"
+#   ibv_rc_pingpong-loss-pcap      4 KiB pingpong with `softverbs exec --faults` (2 % drop on
+#                                  each side) and `--pcap`: completes, both captures hold packets
 #   perftest RC ib_{write,send,read,atomic}_{bw,lat}: default flags, -a (-n ALL_ITERS), and
 #                                  --use_old_post_send: the client prints one result row per
 #                                  size (23 for -a) with positive figures; perftest 4.5 itself
@@ -87,7 +89,9 @@ fi
 BIN=${SOFTVERBS_BIN:-}
 [ -n "$BIN" ] && [ -x "$BIN" ] || { say "error: no softverbs binary (set SOFTVERBS_BIN)"; exit 2; }
 BIN=$(realpath "$BIN")
-EXEC=("$BIN" exec --lib "$LIB_DIR" --)
+# Extra `softverbs exec` options of the server and client of the next pair (word-split).
+SRV_EXEC_OPTS=""
+CLI_EXEC_OPTS=""
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -126,7 +130,13 @@ why_line() {
 }
 # exit 124/137 are timeout's.
 status_word() { case $1 in 124|137) echo "timed out (${CASE_TIMEOUT}s)" ;; *) echo "exit $1" ;; esac; }
-bounded() { timeout -k 5 "$CASE_TIMEOUT" "${EXEC[@]}" "$@" </dev/null; }
+# bounded "EXEC OPTIONS" PROGRAM ARGS...: the program on the drop-in, under timeout.
+bounded() {
+  local opts=$1
+  shift
+  # shellcheck disable=SC2086
+  timeout -k 5 "$CASE_TIMEOUT" "$BIN" exec --lib "$LIB_DIR" $opts -- "$@" </dev/null
+}
 
 # single NAME CHECK PROGRAM ARGS...: one process; CHECK OUTFILE says whether its output is right.
 single() {
@@ -135,7 +145,7 @@ single() {
   selected "$name" || return 0
   local t0 rc=0 why
   t0=$(ms)
-  bounded "$@" >"$OUT/$name.out" 2>&1 || rc=$?
+  bounded "" "$@" >"$OUT/$name.out" 2>&1 || rc=$?
   if [ $rc != 0 ]; then
     why="$(status_word $rc): $(why_line "$OUT/$name.out")"
   else
@@ -156,7 +166,7 @@ pair() {
   local t0 srv src=0 crc=0 why="" i so=$OUT/$name.server.out co=$OUT/$name.client.out
   t0=$(ms)
   # shellcheck disable=SC2086
-  bounded $srv_args >"$so" 2>&1 &
+  bounded "$SRV_EXEC_OPTS" $srv_args >"$so" 2>&1 &
   srv=$!
   for i in $(seq 100); do
     listening "$PORT" && break
@@ -165,7 +175,7 @@ pair() {
   done
   if listening "$PORT"; then
     # shellcheck disable=SC2086
-    bounded $cli_args >"$co" 2>&1 || crc=$?
+    bounded "$CLI_EXEC_OPTS" $cli_args >"$co" 2>&1 || crc=$?
   else
     echo "(not started: the server never listened on TCP port $PORT)" >"$co"
     crc=255
@@ -250,6 +260,27 @@ for prog in ibv_rc_pingpong ibv_srq_pingpong; do
     done
   done
 done
+
+echo "== faults and capture through softverbs exec (--faults, --pcap)"
+# Each side drops 2 % of the datagrams it sends and captures its traffic: RC recovers, both
+# pcaps hold packets.
+printf 'seed = 14\n[[rule]]\naction = "drop"\nprobability = 0.02\n' >"$OUT/loss.toml"
+rm -f "$OUT"/pingpong-loss.*.pcap
+check_loss() {
+  local why f
+  why=$(check_pingpong 4096 200 "$1" "$2")
+  [ -z "$why" ] || { echo "$why"; return; }
+  for f in "$OUT/pingpong-loss.server.pcap" "$OUT/pingpong-loss.client.pcap"; do
+    # A pcap header is 24 bytes; 400 packets of 4 KiB are far more.
+    [ "$(stat -c %s "$f" 2>/dev/null || echo 0)" -gt 100000 ] || { echo "$(basename "$f") too small"; return; }
+  done
+}
+SRV_EXEC_OPTS="--faults $OUT/loss.toml --pcap $OUT/pingpong-loss.server.pcap"
+CLI_EXEC_OPTS="--faults $OUT/loss.toml --pcap $OUT/pingpong-loss.client.pcap"
+args="ibv_rc_pingpong -g 0 -p @PORT -s 4096 -n 200"
+pair ibv_rc_pingpong-loss-pcap check_loss "$args" "$args 127.0.0.1"
+SRV_EXEC_OPTS=""
+CLI_EXEC_OPTS=""
 
 echo "== perftest RC"
 PERFTEST_DEFAULT=()

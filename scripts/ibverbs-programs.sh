@@ -16,9 +16,9 @@
 #                                  each side) and `--pcap`: completes, both captures hold packets
 #   perftest RC ib_{write,send,read,atomic}_{bw,lat}: default flags, -a (-n ALL_ITERS), and
 #                                  --use_old_post_send: the client prints one result row per
-#                                  size (23 for -a) with positive figures; perftest 4.5 itself
-#                                  refuses -a for the atomic tests (size fixed at 8 B), so those
-#                                  two are SKIP, not run
+#                                  size (23 for -a), message rate (BW) or t_avg (latency) > 0;
+#                                  perftest 4.5 itself refuses -a for the atomic tests (size
+#                                  fixed at 8 B), so those two are SKIP, not run
 # Then a table of perftest's figures (default flags, the cases that passed) next to
 # `softverbs perf`'s for the same test, size and iterations (release build of this repository).
 #

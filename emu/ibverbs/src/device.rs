@@ -10,7 +10,9 @@
 //!   by GID (`::ffff:127.x.y.z` → `127.x.y.z:4791`);
 //! * `SOFTVERBS_FAULTS=plan.toml`: a fault plan (emu-fault's TOML) every device applies to what
 //!   it sends; `SOFTVERBS_PCAP=file.pcap`: a capture of the devices' traffic, completed at exit;
-//!   `SOFTVERBS_SEED`: the key generators' seed.
+//!   `SOFTVERBS_SEED`: the key generators' seed; `SOFTVERBS_BUSY_POLL=1`: progress threads
+//!   spin (for programs that wait on memory, like `ib_write_lat`);
+//!   `SOFTVERBS_FOREIGN_IPV4_IDENT=1`: accept rxe's and NICs' packets (interop).
 //!
 //! Devices are named `softverbs0`, `softverbs1`, …: node type CA, transport IB, one port with
 //! link layer Ethernet whose GID 0 is the device address, IPv4-mapped, of type RoCE v2. They
@@ -25,7 +27,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::mem::offset_of;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -45,6 +47,13 @@ pub const FAULTS_ENV: &str = "SOFTVERBS_FAULTS";
 pub const PCAP_ENV: &str = "SOFTVERBS_PCAP";
 /// Environment variable: the seed of the devices' key generators.
 pub const SEED_ENV: &str = "SOFTVERBS_SEED";
+/// Environment variable: `1` starts the devices in busy-poll mode (their progress threads
+/// spin while no application thread polls), for programs that wait by spinning on memory
+/// rather than on a CQ, as `ib_write_lat` does.
+pub const BUSY_POLL_ENV: &str = "SOFTVERBS_BUSY_POLL";
+/// Environment variable: `1` accepts packets of peers with an unknown IPv4 identification
+/// (Linux rxe, RoCEv2 NICs; `UdpBuilder::foreign_ipv4_ident`), for interop with them.
+pub const FOREIGN_IPV4_IDENT_ENV: &str = "SOFTVERBS_FOREIGN_IPV4_IDENT";
 /// Loopback addresses tried by the zero configuration before giving up.
 pub const ZERO_CONFIG_ATTEMPTS: u32 = 64;
 
@@ -52,6 +61,8 @@ pub const ZERO_CONFIG_ATTEMPTS: u32 = 64;
 const IBV_NODE_CA: c_int = 1;
 /// `IBV_TRANSPORT_IB`.
 const IBV_TRANSPORT_IB: c_int = 0;
+/// Bytes of rdma-core's `_compat_ibv_port_attr` (members up to `flags`, padded).
+const COMPAT_PORT_ATTR_SIZE: usize = std::mem::offset_of!(ibv_port_attr, port_cap_flags2);
 /// How often a context's watcher thread looks for asynchronous events.
 const ASYNC_POLL: Duration = Duration::from_millis(20);
 
@@ -101,6 +112,13 @@ fn base_builder() -> Result<emu_driver::UdpBuilder, String> {
     }
     if let Ok(path) = std::env::var(PCAP_ENV) {
         b = b.capture(path);
+    }
+    let on = |var| std::env::var(var).is_ok_and(|v| v.trim() == "1");
+    if on(BUSY_POLL_ENV) {
+        b = b.busy_poll(true);
+    }
+    if on(FOREIGN_IPV4_IDENT_ENV) {
+        b = b.foreign_ipv4_ident(true);
     }
     if let Ok(seed) = std::env::var(SEED_ENV) {
         let seed = seed
@@ -312,26 +330,26 @@ impl AsyncShared {
         })
     }
 
+    /// Queues an event and counts it on the eventfd; under the queue lock, so that the count
+    /// always equals the queue length between calls.
     fn push(&self, ev: AsyncEvent) {
-        if let Ok(mut q) = self.queue.lock() {
-            q.push_back(ev);
-        }
+        let Ok(mut q) = self.queue.lock() else {
+            return;
+        };
+        q.push_back(ev);
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
     }
 
+    /// Takes the oldest event and uncounts it. The count is at least 1 while the queue is not
+    /// empty (both change under the lock), so the read never blocks.
     fn pop(&self) -> Option<AsyncEvent> {
-        let ev = self.queue.lock().ok()?.pop_front()?;
+        let mut q = self.queue.lock().ok()?;
+        let ev = q.pop_front()?;
         let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64; a non-blocking read of a semaphore eventfd
-        // that raced to 0 just fails with EAGAIN.
-        unsafe {
-            let fl = libc::fcntl(self.fd.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(self.fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
-            libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8);
-            libc::fcntl(self.fd.as_raw_fd(), libc::F_SETFL, fl);
-        }
+        // SAFETY: reads 8 bytes into a live u64 from our eventfd (semaphore mode: takes 1).
+        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
         Some(ev)
     }
 }
@@ -359,6 +377,9 @@ pub struct SvContext {
 /// may write).
 pub(crate) struct CtxInner {
     pub(crate) udp: UdpContext,
+    /// Objects created from the context and not destroyed: while there are any, closing the
+    /// context frees nothing their destroy calls would read.
+    live: AtomicUsize,
     pub(crate) maps: Mutex<ObjMaps>,
     pub(crate) events: Arc<AsyncShared>,
     watcher: Mutex<Option<JoinHandle<()>>>,
@@ -386,6 +407,30 @@ pub(crate) unsafe fn udp_context<'a>(ctx: *mut ibv_context) -> Option<&'a CtxInn
     }
     // SAFETY: per the contract, `sv` is a live SvContext; only the private part is borrowed.
     Some(unsafe { &(*sv).inner })
+}
+
+/// Counts an object created from `ctx` (see [`ibv_close_device`]).
+///
+/// # Safety
+///
+/// `ctx` is NULL or a context this library opened.
+pub(crate) unsafe fn retain(ctx: *mut ibv_context) {
+    // SAFETY: per the contract.
+    if let Some(c) = unsafe { udp_context(ctx) } {
+        c.live.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Uncounts an object of `ctx` being destroyed.
+///
+/// # Safety
+///
+/// `ctx` is NULL or a context this library opened (kept alive while it has objects).
+pub(crate) unsafe fn release(ctx: *mut ibv_context) {
+    // SAFETY: per the contract.
+    if let Some(c) = unsafe { udp_context(ctx) } {
+        c.live.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 fn fill_ops(ops: &mut ibv_context_ops) {
@@ -426,6 +471,7 @@ fn new_context(dev: *mut SvDevice) -> Result<*mut SvContext, i32> {
         vctx,
         inner: CtxInner {
             udp,
+            live: AtomicUsize::new(0),
             maps: Mutex::new(ObjMaps::default()),
             events,
             watcher: Mutex::new(Some(watcher)),
@@ -449,8 +495,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     })
 }
 
-/// `ibv_close_device`: stops the watcher and frees the context. Objects still open become
-/// invalid, as with libibverbs.
+/// `ibv_close_device`: stops the watcher and frees the context. A context that still has
+/// objects is only stopped, not freed, so that destroying them later stays defined (libibverbs
+/// leaves that undefined); its memory is leaked.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     guard(libc::EIO, || {
@@ -464,7 +511,11 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         if let Some(h) = sv.inner.watcher.lock().ok().and_then(|mut w| w.take()) {
             let _ = h.join();
         }
-        drop(sv);
+        let live = sv.inner.live.load(Ordering::Acquire);
+        if live > 0 {
+            crate::debug(|| format!("ibv_close_device: {live} objects still open; not freed"));
+            Box::leak(sv);
+        }
         0
     })
 }
@@ -576,8 +627,9 @@ pub unsafe extern "C" fn query_port_ex(
     })
 }
 
-/// `ibv_query_port@IBVERBS_1.1`, for programs built without the macro: writes the
-/// rdma-core 44 prefix.
+/// `ibv_query_port@IBVERBS_1.1`, for programs built without the macro and the macro's
+/// fallback: the struct is rdma-core's `_compat_ibv_port_attr`, which ends with `flags`, so
+/// only that prefix (48 bytes) is written.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_port(
     context: *mut ibv_context,
@@ -585,7 +637,7 @@ pub unsafe extern "C" fn ibv_query_port(
     port_attr: *mut ibv_port_attr,
 ) -> c_int {
     // SAFETY: same contract, with the old struct size.
-    unsafe { query_port_ex(context, port_num, port_attr, IBV_PORT_ATTR_SIZE_V44) }
+    unsafe { query_port_ex(context, port_num, port_attr, COMPAT_PORT_ATTR_SIZE) }
 }
 
 fn gid_of(context: *mut ibv_context, port_num: u8, index: u32) -> Result<ibv_gid, c_int> {

@@ -16,7 +16,7 @@ use verbs_api::{
     SharedReceiveQueue, SrqAttr, WorkCompletion,
 };
 
-use crate::device::{CtxInner, fd_nonblocking, udp_context, wait_readable};
+use crate::device::{CtxInner, fd_nonblocking, release, retain, udp_context, wait_readable};
 use crate::{convert, guard, null_with, set_errno};
 
 // ---- PD ------------------------------------------------------------------------------------
@@ -67,6 +67,8 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
                     context,
                     handle: udp.handle(),
                 };
+                // SAFETY: a context we opened.
+                unsafe { retain(context) };
                 Box::into_raw(Box::new(SvPd { pd, udp })).cast()
             }
             Err(e) => null_with(e.errno()),
@@ -84,6 +86,8 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         };
         match udp.destroy() {
             Ok(()) => {
+                // SAFETY: a live PD's context is kept alive while it has objects.
+                unsafe { release((*pd).context) };
                 // SAFETY: allocated by ibv_alloc_pd; the caller gives it up.
                 drop(unsafe { Box::from_raw(pd.cast::<SvPd>()) });
                 0
@@ -128,6 +132,8 @@ fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: u32) -> *mu
                 lkey: udp.lkey(),
                 rkey: udp.rkey(),
             };
+            // SAFETY: the PD's live context.
+            unsafe { retain(mr.context) };
             Box::into_raw(Box::new(SvMr { mr, udp })).cast()
         }
         Err(e) => null_with(e.errno()),
@@ -188,6 +194,8 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: a live MR of ours; only the private part is borrowed.
         match unsafe { &(*sv).udp }.destroy() {
             Ok(()) => {
+                // SAFETY: a live MR's context is kept alive while it has objects.
+                unsafe { release((*mr).context) };
                 // SAFETY: allocated by reg_mr; the caller gives it up.
                 drop(unsafe { Box::from_raw(sv) });
                 0
@@ -244,6 +252,8 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
                     fd: udp.as_raw_fd(),
                     refcnt: 0,
                 };
+                // SAFETY: a context we opened.
+                unsafe { retain(context) };
                 Box::into_raw(Box::new(SvChannel { ch, udp })).cast()
             }
             Err(e) => null_with(e.errno()),
@@ -261,6 +271,8 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         };
         match udp.destroy() {
             Ok(()) => {
+                // SAFETY: a live channel's context is kept alive while it has objects.
+                unsafe { release((*channel).context) };
                 // SAFETY: allocated by ibv_create_comp_channel; the caller gives it up.
                 drop(unsafe { Box::from_raw(channel.cast::<SvChannel>()) });
                 0
@@ -362,6 +374,8 @@ fn new_cq(
     if let Ok(mut m) = c.maps.lock() {
         m.cqs.insert(handle, sv as usize);
     }
+    // SAFETY: a context we opened.
+    unsafe { retain(context) };
     Ok(sv)
 }
 
@@ -433,6 +447,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         {
             m.cqs.remove(&handle);
         }
+        // SAFETY: as above.
+        unsafe { release((*cq).context) };
         // SAFETY: allocated by new_cq; the caller gives it up.
         drop(unsafe { Box::from_raw(cq.cast::<SvCq>()) });
         0
@@ -473,6 +489,17 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
             return -libc::EINVAL;
         }
         let mut done = 0usize;
+        // Completions an ibv_start_poll/ibv_next_poll session took from the device but did not
+        // consume come first.
+        if let Ok(mut cur) = inner.cursor.lock() {
+            while done < want && cur.pos < cur.buf.len() {
+                let w = cur.buf[cur.pos];
+                // SAFETY: the caller's array has `num_entries` entries; done < want.
+                unsafe { wc.add(done).write(convert::wc_to(&w)) };
+                cur.pos += 1;
+                done += 1;
+            }
+        }
         let mut buf = [WorkCompletion::default(); CQ_POLL_BATCH];
         while done < want {
             let chunk = (want - done).min(CQ_POLL_BATCH);
@@ -513,6 +540,22 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
     })
 }
 
+/// The CQ handle of the channel's next event: waits unless `fd` is non-blocking (`EAGAIN`).
+fn next_cq_event(udp: &UdpChannel, fd: c_int) -> Result<u32, c_int> {
+    loop {
+        match udp.get_cq_event() {
+            Ok(Some(h)) => return Ok(h),
+            Ok(None) if fd_nonblocking(fd) => return Err(libc::EAGAIN),
+            Ok(None) => match udp.wait_cq_event(None) {
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) => wait_readable(fd),
+                Err(e) => return Err(e.errno()),
+            },
+            Err(e) => return Err(e.errno()),
+        }
+    }
+}
+
 /// `ibv_get_cq_event`: the CQ of the next event on `channel` and its `cq_context`; blocks
 /// unless the channel's fd was made non-blocking (then −1 with `EAGAIN`).
 #[unsafe(no_mangle)]
@@ -533,36 +576,22 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         }
         // SAFETY: a live channel records its fd and context.
         let (fd, context) = unsafe { ((*channel).fd, (*channel).context) };
-        let handle = loop {
-            match udp.get_cq_event() {
-                Ok(Some(h)) => break h,
-                Ok(None) if fd_nonblocking(fd) => {
-                    set_errno(libc::EAGAIN);
-                    return -1;
-                }
-                Ok(None) => match udp.wait_cq_event(None) {
-                    Ok(Some(h)) => break h,
-                    Ok(None) => wait_readable(fd),
-                    Err(e) => {
-                        crate::debug(|| format!("ibv_get_cq_event: wait: {e}"));
-                        set_errno(e.errno());
-                        return -1;
-                    }
-                },
+        // Events of CQs destroyed since are skipped.
+        let p = loop {
+            let handle = match next_cq_event(udp, fd) {
+                Ok(h) => h,
                 Err(e) => {
-                    crate::debug(|| format!("ibv_get_cq_event: {e}"));
-                    set_errno(e.errno());
+                    set_errno(e);
                     return -1;
                 }
+            };
+            // SAFETY: a live channel's context is live.
+            let found = unsafe { udp_context(context) }
+                .and_then(|c| c.maps.lock().ok().and_then(|m| m.cqs.get(&handle).copied()));
+            match found {
+                Some(p) => break p,
+                None => crate::debug(|| format!("ibv_get_cq_event: dropped event of CQ {handle}")),
             }
-        };
-        // SAFETY: a live channel's context is live.
-        let found = unsafe { udp_context(context) }
-            .and_then(|c| c.maps.lock().ok().and_then(|m| m.cqs.get(&handle).copied()));
-        let Some(p) = found else {
-            crate::debug(|| format!("ibv_get_cq_event: event for unknown CQ handle {handle}"));
-            set_errno(libc::EINVAL);
-            return -1;
         };
         let p = p as *mut ibv_cq;
         // SAFETY: the caller's out-pointers; `p` is a live CQ (in the map until destroyed).
@@ -752,6 +781,8 @@ pub unsafe extern "C" fn ibv_create_srq(
         if let Ok(mut m) = c.maps.lock() {
             m.srqs.insert(handle, sv as usize);
         }
+        // SAFETY: the PD's live context.
+        unsafe { retain((*pd).context) };
         sv.cast()
     })
 }
@@ -827,6 +858,8 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         {
             m.srqs.remove(&handle);
         }
+        // SAFETY: as above.
+        unsafe { release((*srq).context) };
         // SAFETY: allocated by ibv_create_srq; the caller gives it up.
         drop(unsafe { Box::from_raw(srq.cast::<SvSrq>()) });
         0
@@ -893,6 +926,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             pd,
             handle: 0,
         };
+        // SAFETY: the PD's live context.
+        unsafe { retain(context) };
         Box::into_raw(Box::new(SvAh { ah, attr })).cast()
     })
 }
@@ -904,6 +939,8 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         if ah.is_null() {
             return libc::EINVAL;
         }
+        // SAFETY: a live AH's context is kept alive while it has objects.
+        unsafe { release((*ah).context) };
         // SAFETY: allocated by ibv_create_ah; the caller gives it up.
         let sv = unsafe { Box::from_raw(ah.cast::<SvAh>()) };
         let _ = sv.attr;

@@ -1,7 +1,7 @@
 //! Queue pairs: create (classic and `ibv_create_qp_ex`), modify, query, destroy, posting
 //! through the context's ops table, and the `ibv_qp_ex` work-request builder (`ibv_wr_*`).
 //!
-//! Both posting paths collect work requests into a [`Batch`] (SGEs and inline bytes copied
+//! Both posting paths collect work requests into a `Batch` (SGEs and inline bytes copied
 //! into two flat vectors, so a post allocates nothing once the thread's batch has grown) and
 //! post it with one `post_send` of the UDP QP. Only RC is offered; UD, UC, XRC, memory
 //! windows, TSO and invalidation answer `EOPNOTSUPP`.
@@ -17,9 +17,9 @@ use verbs_api::{
     Context, PostError, QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
 };
 
-use crate::device::udp_context;
+use crate::device::{release, retain, udp_context};
 use crate::objects::{cq_inner, pd_udp, srq_udp};
-use crate::{convert, guard, null_with, set_errno};
+use crate::{convert, guard, null_with};
 
 /// `IBV_SEND_INLINE`.
 const SEND_INLINE: u32 = 1 << 3;
@@ -233,6 +233,8 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
     if let Ok(mut m) = c.maps.lock() {
         m.qps.insert(qpn, sv as usize);
     }
+    // SAFETY: the PD's live context.
+    unsafe { retain(context) };
     Ok(sv)
 }
 
@@ -308,7 +310,8 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 }
 
 /// `ibv_modify_qp`: the mask rules of rc-transport.md §5.1 (a missing or extra bit, an illegal
-/// transition → `EINVAL`; an unknown bit → `EOPNOTSUPP`).
+/// transition → `EINVAL`; an unknown bit → `EOPNOTSUPP`); an address vector without a GRH is
+/// `EINVAL` (every port is RoCE).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_modify_qp(
     qp: *mut ibv_qp,
@@ -325,6 +328,11 @@ pub unsafe extern "C" fn ibv_modify_qp(
         }
         // SAFETY: the caller's attribute struct.
         let c = unsafe { *attr };
+        // RoCE: the address vector must carry the GRH, whose GID names the peer (as rxe
+        // requires).
+        if attr_mask & (1 << 7) != 0 && c.ah_attr.is_global == 0 {
+            return libc::EINVAL;
+        }
         let (a, mask) = match convert::qp_attr_from(&c, attr_mask) {
             Ok(v) => v,
             Err(e) => return e.errno(),
@@ -399,6 +407,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         {
             m.qps.remove(&qpn);
         }
+        // SAFETY: as above.
+        unsafe { release((*qp).context) };
         // SAFETY: allocated by new_qp; the caller gives it up.
         drop(unsafe { Box::from_raw(qp.cast::<SvQp>()) });
         0
@@ -428,7 +438,7 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(
 /// # Safety
 ///
 /// `sg_list` holds `num_sge` entries when `num_sge > 0`.
-unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'static [ibv_sge], c_int> {
+unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'a [ibv_sge], c_int> {
     let n = usize::try_from(num_sge).map_err(|_| libc::EINVAL)?;
     if n == 0 {
         return Ok(&[]);
@@ -860,11 +870,4 @@ unsafe extern "C" fn wr_atomic_write(
     _wr: *const c_void,
 ) {
     fail_wr(qp, libc::EOPNOTSUPP);
-}
-
-/// Sets errno for a QP-less failure (kept for symmetry with the other modules).
-#[allow(dead_code)]
-fn fail(e: c_int) -> c_int {
-    set_errno(e);
-    e
 }

@@ -156,7 +156,7 @@ void_stubs!(
     verbs_uninit_context,
 );
 
-minus_one_stubs!(ibv_read_ibdev_sysfs_file, ibv_read_sysfs_file,);
+minus_one_stubs!(ibv_read_ibdev_sysfs_file, ibv_read_sysfs_file);
 
 /// `ibv_get_sysfs_path`: `/sys`, as libibverbs answers without a `SYSFS_PATH` override.
 #[unsafe(no_mangle)]

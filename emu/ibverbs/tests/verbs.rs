@@ -294,6 +294,11 @@ fn devices_ports_and_gids() {
         assert_eq!(pa.state, 4);
         assert_eq!(pa.link_layer, 2);
         assert_eq!(q(ctx, 2, port.as_mut_ptr().cast(), 52), libc::EINVAL);
+        // The exported 3-argument call fills rdma-core's compat struct (up to `flags`).
+        let mut port = [0xAAu8; 64];
+        assert_eq!(ibv_query_port(ctx, 1, port.as_mut_ptr().cast()), 0);
+        assert!(port[48..].iter().all(|b| *b == 0xAA));
+        assert_eq!(port[46], 2);
 
         let mut gid = ibv_gid::default();
         assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
@@ -449,6 +454,26 @@ fn qp_ex_builder_and_cq_ex_polling() {
         assert_eq!(u32::from_be(wc[0].imm_data), 99);
         assert_eq!(&b.buf[1000..1007], b"inline!");
 
+        // A session that stops after one completion leaves the rest to ibv_poll_cq.
+        ((*qpx).wr_start.unwrap())(qpx);
+        for id in 21..24 {
+            (*qpx).wr_id = id;
+            ((*qpx).wr_rdma_write.unwrap())(qpx, b_rkey, b.addr() + 80);
+            ((*qpx).wr_set_sge.unwrap())(qpx, (*a.mr).lkey, a.addr(), 8);
+        }
+        assert_eq!(((*qpx).wr_complete.unwrap())(qpx), 0);
+        std::thread::sleep(Duration::from_millis(50));
+        let mut pattr = ibv_poll_cq_attr { comp_mask: 0 };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ((*cqx).start_poll.unwrap())(cqx, &mut pattr) == libc::ENOENT {
+            assert!(Instant::now() < deadline);
+        }
+        let first = (*cqx).wr_id;
+        ((*cqx).end_poll.unwrap())(cqx);
+        let mut ids: Vec<u64> = a.poll(2).iter().map(|w| w.wr_id).collect();
+        ids.insert(0, first);
+        assert_eq!(ids, vec![21, 22, 23]);
+
         // An unsupported op poisons the batch; wr_abort discards it.
         ((*qpx).wr_start.unwrap())(qpx);
         ((*qpx).wr_set_ud_addr.unwrap())(qpx, null_mut(), 1, 1);
@@ -566,6 +591,25 @@ fn bad_use_gets_libibverbs_errors() {
             ..Default::default()
         };
         assert_eq!(ibv_modify_qp(n.qp, &mut attr, 1), libc::EINVAL);
+        // RoCE needs the GRH in the address vector.
+        let mut attr = ibv_qp_attr {
+            qp_state: 1,
+            port_num: 1,
+            ..Default::default()
+        };
+        assert_eq!(ibv_modify_qp(n.qp, &mut attr, 1 | 8 | 16 | 32), 0);
+        let mut attr = ibv_qp_attr {
+            qp_state: 2,
+            path_mtu: 3,
+            dest_qp_num: 1,
+            max_dest_rd_atomic: 1,
+            ..Default::default()
+        };
+        attr.ah_attr.port_num = 1;
+        let rtr = 1 | (1 << 7) | (1 << 8) | (1 << 20) | (1 << 12) | (1 << 17) | (1 << 15);
+        assert_eq!(ibv_modify_qp(n.qp, &mut attr, rtr), libc::EINVAL);
+        let mut ah_attr = attr.ah_attr;
+        assert!(ibv_create_ah(n.pd, &mut ah_attr).is_null());
         // UD QPs, iova != addr, multicast and the provider-private calls are not supported.
         let mut init = ibv_qp_init_attr {
             qp_context: null_mut(),
@@ -586,6 +630,18 @@ fn bad_use_gets_libibverbs_errors() {
         assert_eq!(stubs::ibv_cmd_create_qp(), libc::EOPNOTSUPP);
         assert!(stubs::ibv_import_device().is_null());
         stubs::verbs_register_driver_34();
+    }
+}
+
+#[test]
+fn closing_a_context_with_objects_keeps_their_destroy_defined() {
+    let ctx = open(1);
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 4, null_mut(), null_mut(), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
     }
 }
 

@@ -1,0 +1,203 @@
+//! Unmodified rdma-core programs on the built library: `ibv_devinfo -v` and an
+//! `ibv_rc_pingpong` server/client pair (two processes, zero configuration: each binds its
+//! own 127.x.y.z:4791), and `tests/c/extended.c`, a C program of the extended verbs.
+//!
+//! Needs `scripts/build-libibverbs.sh` to have run (its output directory: `LIBIBVERBS_DIR`,
+//! default `target/libibverbs`) and Debian's `ibverbs-utils`; skipped
+//! loudly otherwise.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn lib_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("LIBIBVERBS_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/libibverbs"),
+        PathBuf::from,
+    );
+    if dir.join("libibverbs.so.1").exists() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "SKIPPED: {} has no libibverbs.so.1 (run scripts/build-libibverbs.sh)",
+            dir.display()
+        );
+        None
+    }
+}
+
+fn program(name: &str) -> Option<PathBuf> {
+    let path = Path::new("/usr/bin").join(name);
+    if path.exists() {
+        Some(path)
+    } else {
+        eprintln!(
+            "SKIPPED: {} is absent (apt-get install ibverbs-utils)",
+            path.display()
+        );
+        None
+    }
+}
+
+fn command(prog: &Path, lib: &Path) -> Command {
+    let mut c = Command::new(prog);
+    c.env("LD_LIBRARY_PATH", lib)
+        .env_remove("SOFTVERBS_UDP_ADDRS")
+        .env_remove("SOFTVERBS_FAULTS")
+        .env_remove("SOFTVERBS_PCAP");
+    c
+}
+
+/// Waits for a child with a deadline, killing it when the deadline passes.
+fn wait(mut child: std::process::Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn ibv_devinfo_lists_softverbs0() {
+    let (Some(lib), Some(prog)) = (lib_dir(), program("ibv_devinfo")) else {
+        return;
+    };
+    let out = command(&prog, &lib).arg("-v").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("hca_id:\tsoftverbs0"), "{text}");
+    assert!(text.contains("PORT_ACTIVE"), "{text}");
+    assert!(text.contains("link_layer:\t\tEthernet"), "{text}");
+    assert!(text.contains("::ffff:127."), "{text}");
+    assert!(text.contains("RoCE v2"), "{text}");
+}
+
+#[test]
+fn ibv_rc_pingpong_server_and_client() {
+    let (Some(lib), Some(prog)) = (lib_dir(), program("ibv_rc_pingpong")) else {
+        return;
+    };
+    for extra in [&[][..], &["-e"][..], &["-s", "65536"][..]] {
+        // A free TCP port for the programs' own exchange.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let args = |c: &mut Command| {
+            c.args(["-g", "0", "-n", "50", "-p", &port.to_string()])
+                .args(extra);
+        };
+        let mut server = command(&prog, &lib);
+        args(&mut server);
+        let server = server
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut client = command(&prog, &lib);
+        args(&mut client);
+        let mut tries = 0;
+        let client = loop {
+            let out = wait(
+                client
+                    .arg("127.0.0.1")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+                Duration::from_secs(60),
+            );
+            // The server may not listen yet on a loaded machine: retry the connect.
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            if out.status.success() || !err.contains("Couldn't connect") || tries == 10 {
+                break out;
+            }
+            tries += 1;
+            std::thread::sleep(Duration::from_millis(300));
+            client = command(&prog, &lib);
+            args(&mut client);
+        };
+        let server = wait(server, Duration::from_secs(60));
+        let show = |o: &Output| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        assert!(
+            client.status.success(),
+            "client {extra:?}: {}",
+            show(&client)
+        );
+        assert!(
+            server.status.success(),
+            "server {extra:?}: {}",
+            show(&server)
+        );
+        assert!(show(&client).contains("50 iters in"), "{}", show(&client));
+    }
+}
+
+/// `tests/c/extended.c`, compiled against the installed `verbs.h` and linked with the built
+/// library: the header's inline dispatch (`ibv_create_qp_ex`, `ibv_wr_*`, `ibv_start_poll`, …)
+/// reaches this library's function pointers.
+#[test]
+fn c_program_uses_the_extended_verbs_through_the_header() {
+    let Some(lib) = lib_dir() else {
+        return;
+    };
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!(
+            "SKIPPED: /usr/include/infiniband/verbs.h is absent (apt-get install libibverbs-dev)"
+        );
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/extended.c");
+    let dir = std::env::temp_dir().join(format!("softverbs-ibverbs-c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("extended");
+    let built = Command::new("cc")
+        .arg("-Wall")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-libverbs")
+        .output();
+    let built = match built {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot run cc: {e}");
+            return;
+        }
+    };
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let child = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("SOFTVERBS_UDP_ADDRS", "127.0.93.1,127.0.93.2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait(child, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success() && out.stdout == b"ok\n",
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -20,7 +20,8 @@
 #                                  perftest 4.5 itself refuses -a for the atomic tests (size
 #                                  fixed at 8 B), so those two are SKIP, not run
 # Then a table of perftest's figures (default flags, the cases that passed) next to
-# `softverbs perf`'s for the same test, size and iterations (release build of this repository).
+# `softverbs perf`'s for the same test, size and iterations (release build of this repository):
+# medians (min-max) of PERF_ROUNDS interleaved rounds, and perftest's median / ours.
 #
 # Needs: the drop-in (scripts/build-libibverbs.sh --release), Debian's ibverbs-utils and
 # perftest, python3 (the table). Environment:
@@ -32,6 +33,7 @@
 #   ALL_ITERS          perftest -n with -a (default 20; perftest's minimum is 5)
 #   DEFAULT_ITERS      perftest -n for the other cases (default: perftest's own, 5000/1000)
 #   PORT_BASE          first TCP port of the exchanges (default 19100; one per case)
+#   PERF_ROUNDS        interleaved rounds of perftest and softverbs perf for the table (default 3)
 #
 # Output: DIR (default target/ibverbs-programs) holds each process's output
 # (<case>.server.out, <case>.client.out), results.tsv and summary.txt. Ends with
@@ -59,7 +61,8 @@ PP_ITERS=${PP_ITERS:-200}
 ALL_ITERS=${ALL_ITERS:-20}
 DEFAULT_ITERS=${DEFAULT_ITERS:-}
 PORT=${PORT_BASE:-19100}
-for v in "$CASE_TIMEOUT" "$PP_ITERS" "$ALL_ITERS" "$PORT" ${DEFAULT_ITERS:+"$DEFAULT_ITERS"}; do
+PERF_ROUNDS=${PERF_ROUNDS:-3}
+for v in "$CASE_TIMEOUT" "$PP_ITERS" "$ALL_ITERS" "$PORT" "$PERF_ROUNDS" ${DEFAULT_ITERS:+"$DEFAULT_ITERS"}; do
   case "$v" in ''|*[!0-9]*) echo "ibverbs-programs: not a number: $v" >&2; exit 2 ;; esac
 done
 say() { printf 'ibverbs-programs: %s\n' "$*" >&2; }
@@ -154,17 +157,16 @@ single() {
   if [ -z "$why" ]; then record "$name" PASS "$(elapsed "$t0")" ""; else record "$name" FAIL "$(elapsed "$t0")" "$why"; fi
 }
 
-# pair NAME CHECK "SERVER ARGS" "CLIENT ARGS": a server, then (once it listens) a client;
-# CHECK SERVER_OUT CLIENT_OUT prints what is wrong (nothing when both are right). The word
-# @PORT in the arguments becomes a free TCP port.
-pair() {
-  local name=$1 check=$2 srv_args cli_args
-  selected "$name" || return 0
+# run_pair SERVER_OUT CLIENT_OUT "SERVER ARGS" "CLIENT ARGS": a server, then (once it listens
+# on TCP) a client, each bounded; the word @PORT in the arguments becomes a free TCP port. Sets
+# PAIR_SRC and PAIR_CRC to their exit statuses (255: the client never started).
+run_pair() {
+  local so=$1 co=$2 srv_args cli_args srv i
   next_port
   srv_args=${3//@PORT/$PORT}
   cli_args=${4//@PORT/$PORT}
-  local t0 srv src=0 crc=0 why="" i so=$OUT/$name.server.out co=$OUT/$name.client.out
-  t0=$(ms)
+  PAIR_SRC=0
+  PAIR_CRC=0
   # shellcheck disable=SC2086
   bounded "$SRV_EXEC_OPTS" $srv_args >"$so" 2>&1 &
   srv=$!
@@ -175,14 +177,23 @@ pair() {
   done
   if listening "$PORT"; then
     # shellcheck disable=SC2086
-    bounded "$CLI_EXEC_OPTS" $cli_args >"$co" 2>&1 || crc=$?
+    bounded "$CLI_EXEC_OPTS" $cli_args >"$co" 2>&1 || PAIR_CRC=$?
   else
     echo "(not started: the server never listened on TCP port $PORT)" >"$co"
-    crc=255
+    PAIR_CRC=255
   fi
-  wait "$srv" || src=$?
-  if [ $src != 0 ] || [ $crc != 0 ]; then
-    why="server $(status_word $src): $(why_line "$so") | client $(status_word $crc): $(why_line "$co")"
+  wait "$srv" || PAIR_SRC=$?
+}
+
+# pair NAME CHECK "SERVER ARGS" "CLIENT ARGS": one case of run_pair; CHECK SERVER_OUT
+# CLIENT_OUT prints what is wrong (nothing when both outputs are right).
+pair() {
+  local name=$1 check=$2 t0 why="" so=$OUT/$1.server.out co=$OUT/$1.client.out
+  selected "$name" || return 0
+  t0=$(ms)
+  run_pair "$so" "$co" "$3" "$4"
+  if [ $PAIR_SRC != 0 ] || [ $PAIR_CRC != 0 ]; then
+    why="server $(status_word $PAIR_SRC): $(why_line "$so") | client $(status_word $PAIR_CRC): $(why_line "$co")"
   else
     why=$("$check" "$so" "$co")
   fi
@@ -307,43 +318,67 @@ done
 say "cases done in $(elapsed "$T0") s"
 
 # ---- perftest next to softverbs perf --------------------------------------------------------
+# PERF_ROUNDS interleaved rounds: perftest (default flags; round 1 is the case above), then
+# `softverbs perf` with the same test, size and iterations; medians (min-max) of the rounds.
 if [ "$PERF_TABLE" = 1 ] && [ ${#PERFTEST_DEFAULT[@]} -gt 0 ]; then
-  echo "== perftest (drop-in) next to softverbs perf, same test, size and iterations"
-  for t in "${PERFTEST_DEFAULT[@]}"; do
-    row=$(perf_rows "$OUT/ib_$t-default.client.out" | head -1)
-    [ -n "$row" ] || continue
-    read -r size iters _ <<<"$row"
-    timeout -k 5 "$CASE_TIMEOUT" "$BIN" perf "$t" -s "$size" -n "$iters" \
-      --json "$OUT/perf-$t.json" >"$OUT/perf-$t.out" 2>&1 </dev/null ||
-      say "softverbs perf $t failed (see $OUT/perf-$t.out)"
+  echo "== perftest (drop-in) next to softverbs perf: same test, size, iterations; $PERF_ROUNDS rounds"
+  rm -f "$OUT"/perf-*.json "$OUT"/perf-*.out "$OUT"/ib_*-round*.out
+  for r in $(seq 1 "$PERF_ROUNDS"); do
+    for t in "${PERFTEST_DEFAULT[@]}"; do
+      row=$(perf_rows "$OUT/ib_$t-default.client.out" | head -1)
+      [ -n "$row" ] || continue
+      read -r size iters _ <<<"$row"
+      if [ "$r" -gt 1 ]; then
+        run_pair "$OUT/ib_$t-round$r.server.out" "$OUT/ib_$t-round$r.client.out" \
+          "ib_$t -p @PORT ${DEFAULT_ITERS:+-n $DEFAULT_ITERS}" \
+          "ib_$t -p @PORT ${DEFAULT_ITERS:+-n $DEFAULT_ITERS} 127.0.0.1"
+      fi
+      timeout -k 5 "$CASE_TIMEOUT" "$BIN" perf "$t" -s "$size" -n "$iters" \
+        --json "$OUT/perf-$t.$r.json" >"$OUT/perf-$t.$r.out" 2>&1 </dev/null ||
+        say "softverbs perf $t failed (see $OUT/perf-$t.$r.out)"
+    done
   done
-  python3 - "$OUT" "${PERFTEST_DEFAULT[@]}" <<'EOF' | tee "$OUT/perf-table.txt"
-import json, re, sys
-out, tests = sys.argv[1], sys.argv[2:]
-print(f"{'test':<11} {'bytes':>6} {'iters':>6}  {'figure':<22} {'perftest':>10} {'softverbs perf':>15} {'ratio':>6}")
-for t in tests:
+  python3 - "$OUT" "$PERF_ROUNDS" "${PERFTEST_DEFAULT[@]}" <<'EOF' | tee "$OUT/perf-table.txt"
+import json, re, statistics, sys
+out, rounds, tests = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+ROW = re.compile(r"^[ \t]*(\d+(?:[ \t]+(?:[\d.]+|-?nan|-?inf))+)[ \t]*$", re.M)
+def perftest_row(path):
     try:
-        text = open(f"{out}/ib_{t}-default.client.out").read()
+        rows = ROW.findall(open(path).read().split("#bytes", 1)[-1])
     except OSError:
-        continue
-    rows = re.findall(r"^[ \t]*(\d+(?:[ \t]+(?:[\d.]+|-?nan|-?inf))+)[ \t]*$", text.split("#bytes", 1)[-1], re.M)
-    if not rows:
+        return None
+    return [float(x) for x in rows[0].split()] if rows else None
+def ours_row(path):
+    try:
+        return json.load(open(path))["rows"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+def fmt(vals):
+    if not vals:
+        return "failed"
+    return f"{statistics.median(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
+print(f"{'test':<11} {'bytes':>7} {'iters':>5}  {'figure':<16} {'perftest: median (min-max)':>28}"
+      f" {'softverbs perf: median (min-max)':>33} {'ratio':>6}")
+for t in tests:
+    files = [f"{out}/ib_{t}-default.client.out"]
+    files += [f"{out}/ib_{t}-round{r}.client.out" for r in range(2, rounds + 1)]
+    theirs_rows = [r for r in map(perftest_row, files) if r]
+    if not theirs_rows:
         print(f"{t:<11} (no perftest result)")
         continue
-    f = [float(x) for x in rows[0].split()]
-    try:
-        ours = json.load(open(f"{out}/perf-{t}.json"))["rows"][0]
-    except (OSError, ValueError, KeyError, IndexError):
-        ours = None
+    ours_rows = [r for r in (ours_row(f"{out}/perf-{t}.{r}.json") for r in range(1, rounds + 1)) if r]
     if t.endswith("_bw"):
-        label, theirs = "BW average [MiB/s]", f[3]
-        mine = ours["bw_average"] if ours else None
+        label = "BW avg [MiB/s]"
+        theirs = [r[3] for r in theirs_rows]
+        ours = [r["bw_average"] for r in ours_rows]
     else:
-        label, theirs = "t_typical [usec]", f[4]
-        mine = ours["latency"]["t_typical"] if ours else None
-    ratio = f"{theirs / mine:.2f}" if mine else "-"
-    mine_s = f"{mine:.2f}" if mine is not None else "failed"
-    print(f"{t:<11} {int(f[0]):>6} {int(f[1]):>6}  {label:<22} {theirs:>10.2f} {mine_s:>15} {ratio:>6}")
+        label = "t_typical [usec]"
+        theirs = [r[4] for r in theirs_rows]
+        ours = [r["latency"]["t_typical"] for r in ours_rows]
+    ratio = f"{statistics.median(theirs) / statistics.median(ours):.2f}" if ours else "-"
+    first = theirs_rows[0]
+    print(f"{t:<11} {int(first[0]):>7} {int(first[1]):>5}  {label:<16} {fmt(theirs):>28}"
+          f" {fmt(ours):>33} {ratio:>6}")
 EOF
 fi
 

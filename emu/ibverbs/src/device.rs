@@ -139,18 +139,26 @@ fn build_provider() -> Result<UdpProvider, String> {
         return b.build().map_err(|e| e.to_string());
     }
     let pid = std::process::id();
-    let mut last = String::new();
-    for attempt in 0..ZERO_CONFIG_ATTEMPTS {
-        let addr = SocketAddr::new(IpAddr::V4(zero_config_addr(pid, attempt)), 4791);
+    let candidates = (0..ZERO_CONFIG_ATTEMPTS)
+        .map(|a| SocketAddr::new(IpAddr::V4(zero_config_addr(pid, a)), 4791));
+    bind_first(&base, candidates)
+}
+
+/// A provider with one device on the first of `candidates` that binds; an address in use
+/// (an `Io` error) moves on to the next, any other error stops.
+fn bind_first(
+    base: &emu_driver::UdpBuilder,
+    candidates: impl Iterator<Item = SocketAddr>,
+) -> Result<UdpProvider, String> {
+    let mut last = String::from("no candidate address");
+    for addr in candidates {
         match base.clone().device(addr).build() {
             Ok(p) => return Ok(p),
             Err(e) if e.kind == verbs_api::ErrorKind::Io => last = e.to_string(),
             Err(e) => return Err(e.to_string()),
         }
     }
-    Err(format!(
-        "no free loopback address after {ZERO_CONFIG_ATTEMPTS} attempts: {last}"
-    ))
+    Err(format!("no free loopback address: {last}"))
 }
 
 extern "C" fn finish_capture_at_exit() {
@@ -926,8 +934,22 @@ pub unsafe extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_config_skips_an_address_in_use() {
+        let taken = std::net::UdpSocket::bind("127.0.94.1:4791").unwrap();
+        let candidates = ["127.0.94.1:4791", "127.0.94.2:4791"].map(|a| a.parse().unwrap());
+        let p = bind_first(&UdpProvider::builder(), candidates.into_iter()).unwrap();
+        let devices = p.devices().unwrap();
+        assert_eq!(devices[0].local_addr(), candidates[1]);
+        p.shutdown();
+        drop(taken);
+        let none = bind_first(&UdpProvider::builder(), std::iter::empty());
+        assert!(none.is_err());
+    }
 
     #[test]
     fn zero_config_addresses_are_loopback_and_vary() {

@@ -385,6 +385,13 @@ fi
 
 # ---- summary --------------------------------------------------------------------------------
 {
+  echo "== pingpong figures (client)"
+  for f in "$OUT"/ibv_*pingpong*.client.out; do
+    [ -e "$f" ] || continue
+    line=$(grep -E 'iters in .* usec/iter' "$f" | head -1)
+    [ -n "$line" ] && printf '%-34s %s\n' "$(basename "$f" .client.out)" "$line"
+  done
+  echo
   echo "== perftest result rows (client), every case"
   for f in "$OUT"/ib_*.client.out; do
     [ -e "$f" ] || continue

@@ -6,7 +6,8 @@
       id <TAB> pass|fail|skip <TAB> detail (skip: the reason; fail: FAIL/ERROR and the last
       line of the traceback). "expected failure" counts as pass, "unexpected success" as fail.
   pyverbs-results.py compare RESULTS.tsv EXPECTED.tsv
-      Prints every difference and the totals. Exit 1 on an unexpected failure: a test expected
+      Prints every difference, the expected non-passes by reason and the totals. Exit 1 on an
+      unexpected failure: a test expected
       to pass that failed, skipped or did not report (a crash or a hang ends the run early),
       or a test expected to skip that failed, or a test not in EXPECTED that failed. A test
       expected to fail or skip that now passes is reported as newly passing (exit 0).
@@ -119,6 +120,13 @@ def compare(results_path, expected_path):
     for title, lines in (("UNEXPECTED", bad), ("NEWLY PASSING / NEW", news), ("CHANGED", changed)):
         for line in lines:
             print(f"{title}: {line}")
+    reasons = {}
+    for test, (result, _) in got.items():
+        if result != "pass" and test in want and want[test][0] == result:
+            key = (result, want[test][1])
+            reasons[key] = reasons.get(key, 0) + 1
+    for (result, reason), n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"{n:4} {result}: {reason}")
     t = totals(got)
     e = totals(want)
     print(f"pyverbs on softverbs0: {len(got)} tests: {t['pass']} passed, {t['fail']} failed, "

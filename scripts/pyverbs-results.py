@@ -7,10 +7,10 @@
       line of the traceback). "expected failure" counts as pass, "unexpected success" as fail.
   pyverbs-results.py compare RESULTS.tsv EXPECTED.tsv
       Prints every difference, the expected non-passes by reason and the totals. Exit 1 on an
-      unexpected failure: a test expected
-      to pass that failed, skipped or did not report (a crash or a hang ends the run early),
-      or a test expected to skip that failed, or a test not in EXPECTED that failed. A test
-      expected to fail or skip that now passes is reported as newly passing (exit 0).
+      unexpected failure: a test expected to pass that failed, skipped or did not report (a
+      crash or a hang ends the run early), or a test expected to skip that failed, or a test
+      not in EXPECTED that failed. A test expected to fail or skip that now passes is reported
+      as newly passing (exit 0).
   pyverbs-results.py update RESULTS.tsv EXPECTED.tsv
       Rewrites EXPECTED from RESULTS, keeping the reasons already written for tests whose
       result did not change; new non-pass lines get the detail as their reason (edit them).

@@ -86,7 +86,7 @@ if [ -n "$missing" ]; then
 fi
 if [ -z "${SOFTVERBS_BIN:-}" ]; then
   say "building softverbs (release)"
-  SOFTVERBS_BIN=$(cd "$ROOT" && cargo build -q --release -p softverbs --bin softverbs \
+  SOFTVERBS_BIN=$(cd "$ROOT" && cargo build -q --release --bin softverbs \
     --message-format=json | grep -o '"executable":"[^"]*softverbs"' |
     sed 's/^"executable":"//; s/"$//' | tail -1)
 fi

@@ -60,7 +60,7 @@ if [ -z "$BIN" ]; then
 fi
 if [ -z "$BIN" ]; then
   say "building softverbs (release)"
-  BIN=$(cd "$ROOT" && cargo build -q --release -p softverbs --bin softverbs --message-format=json |
+  BIN=$(cd "$ROOT" && cargo build -q --release --bin softverbs --message-format=json |
     grep -o '"executable":"[^"]*softverbs"' | sed 's/^"executable":"//; s/"$//' | tail -1)
 fi
 [ -n "$BIN" ] && [ -x "$BIN" ] || { say "error: no softverbs binary (set SOFTVERBS_BIN)"; exit 2; }

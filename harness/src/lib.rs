@@ -2,7 +2,8 @@
 //! selection (`open_from_env`, the registry) is the `softverbs` facade crate's, re-exported here.
 //!
 //! The binary (`softverbs`) is documented in the README: `demo`, `capture`, `run` (the
-//! multi-process fault-injection harness, [`run`]).
+//! multi-process fault-injection harness, [`run`]), `exec` and `env` (unmodified libibverbs
+//! programs on the drop-in library, [`exec`]).
 // `deny`, not `forbid`: the harness's one `kill(2)` call (SIGSTOP/SIGCONT, `run::signal`)
 // is allowed locally; everything else stays safe code.
 #![deny(unsafe_code)]
@@ -17,6 +18,7 @@ pub mod capture;
 pub struct ReadmeDoctests;
 
 pub mod demo;
+pub mod exec;
 pub mod interop;
 pub mod perf;
 pub mod run;

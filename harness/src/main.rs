@@ -55,6 +55,14 @@ enum Command {
     /// Verify the ICRC of every RoCEv2 packet of a pcap (taken on the wire) over its real
     /// IPv4/UDP headers. Exit code: 0 all valid.
     IcrcCheck(Box<softverbs_cli::interop::icrc_check::IcrcCheckArgs>),
+    /// Run an unmodified libibverbs program (perftest, ibv_rc_pingpong, pyverbs, …) on
+    /// softverbs: the drop-in libibverbs.so.1 first on LD_LIBRARY_PATH, SOFTVERBS_FAULTS and
+    /// SOFTVERBS_PCAP set when asked for. Exit code: the program's; 2 bad flags or no library
+    /// (build it with scripts/build-libibverbs.sh --release), 126/127 program not executable/found.
+    Exec(Box<softverbs_cli::exec::ExecArgs>),
+    /// Print `export` lines that make a shell's programs use softverbs
+    /// (`eval "$(softverbs env)"`). Exit code: 0, 2 bad flags or no library.
+    Env(Box<softverbs_cli::exec::DropInArgs>),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +87,8 @@ fn main() -> ExitCode {
         Command::IcrcCheck(args) => {
             return ExitCode::from(softverbs_cli::interop::icrc_check::run(&args));
         }
+        Command::Exec(args) => return ExitCode::from(softverbs_cli::exec::exec(&args)),
+        Command::Env(args) => return ExitCode::from(softverbs_cli::exec::env(&args)),
         Command::Capture { out } => softverbs_cli::capture::write_demo_capture(&out)
             .map(|summary| {
                 println!(

@@ -157,7 +157,7 @@ impl Config {
             min_rnr_timer: 1,
             max_rd_atomic: 4,
             fair: FairCheck::Every,
-            max_states: 5_000_000,
+            max_states: 10_000_000,
         }
     }
 
@@ -182,7 +182,7 @@ impl Config {
                 c.wrs = vec![WrSpec::a(Send), WrSpec::a(WriteImm)];
                 c.recvs = Recvs::Late;
                 c.rnr_retry = 2;
-                c.depth = 14;
+                c.depth = 12;
             }
             "mix4" => {
                 c.wrs = vec![
@@ -191,7 +191,7 @@ impl Config {
                     WrSpec::a(Read),
                     WrSpec::a(FetchAdd),
                 ];
-                c.depth = 16;
+                c.depth = 10;
                 c.fair = FairCheck::Leaves;
             }
             "atomics" => {
@@ -201,13 +201,13 @@ impl Config {
                     WrSpec::a(WriteImm),
                 ];
                 c.max_rd_atomic = 1;
-                c.depth = 16;
+                c.depth = 11;
                 c.fair = FairCheck::Leaves;
             }
             "multi-packet" => {
                 c.wrs = vec![WrSpec::a(Write), WrSpec::a(Read)];
                 c.len = 300;
-                c.depth = 14;
+                c.depth = 11;
                 c.fair = FairCheck::Leaves;
             }
             "bidir" => {
@@ -220,7 +220,7 @@ impl Config {
                     },
                     WrSpec::a(FetchAdd),
                 ];
-                c.depth = 14;
+                c.depth = 10;
                 c.fair = FairCheck::Leaves;
             }
             "two-qps" => {
@@ -234,7 +234,7 @@ impl Config {
                     },
                     WrSpec::a(Read),
                 ];
-                c.depth = 14;
+                c.depth = 10;
                 c.fair = FairCheck::Leaves;
             }
             _ => return None,

@@ -4,7 +4,8 @@
 
 use std::process::ExitCode;
 
-use emu_model::{Config, FairCheck, explore, scenario};
+use emu_model::explore::explore_with;
+use emu_model::{Config, FairCheck, scenario};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -43,7 +44,7 @@ fn main() -> ExitCode {
         if let Some(f) = fair {
             cfg.fair = f;
         }
-        let r = explore(&cfg);
+        let r = explore_with(&cfg, std::env::var_os("MODEL_PROGRESS").is_some());
         let wrs: Vec<String> = cfg.wrs.iter().map(|w| format!("{:?}", w.op)).collect();
         let result = match (&r.violation, r.truncated) {
             (Some(v), _) => v.message.split(':').next().unwrap_or("violation").to_string(),

@@ -191,15 +191,11 @@ impl Config {
                     WrSpec::a(Read),
                     WrSpec::a(FetchAdd),
                 ];
-                c.depth = 10;
+                c.depth = 8;
                 c.fair = FairCheck::Leaves;
             }
             "atomics" => {
-                c.wrs = vec![
-                    WrSpec::a(FetchAdd),
-                    WrSpec::a(CmpSwap),
-                    WrSpec::a(WriteImm),
-                ];
+                c.wrs = vec![WrSpec::a(FetchAdd), WrSpec::a(CmpSwap), WrSpec::a(WriteImm)];
                 c.max_rd_atomic = 1;
                 c.depth = 11;
                 c.fair = FairCheck::Leaves;
@@ -207,7 +203,7 @@ impl Config {
             "multi-packet" => {
                 c.wrs = vec![WrSpec::a(Write), WrSpec::a(Read)];
                 c.len = 300;
-                c.depth = 11;
+                c.depth = 9;
                 c.fair = FairCheck::Leaves;
             }
             "bidir" => {
@@ -220,7 +216,7 @@ impl Config {
                     },
                     WrSpec::a(FetchAdd),
                 ];
-                c.depth = 10;
+                c.depth = 9;
                 c.fair = FairCheck::Leaves;
             }
             "two-qps" => {
@@ -234,7 +230,7 @@ impl Config {
                     },
                     WrSpec::a(Read),
                 ];
-                c.depth = 10;
+                c.depth = 9;
                 c.fair = FairCheck::Leaves;
             }
             _ => return None,

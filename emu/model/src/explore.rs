@@ -174,7 +174,11 @@ fn run_step(cfg: &Config, sys: &mut System, choice: Choice) -> Result<(), String
 /// Retries the disturbances so far may have cost before an error is allowed: the smaller of
 /// `retry_cnt` and a finite `rnr_retry`.
 fn disturbance_cap(cfg: &Config) -> u32 {
-    let rnr = if cfg.rnr_retry == 7 { u8::MAX } else { cfg.rnr_retry };
+    let rnr = if cfg.rnr_retry == 7 {
+        u8::MAX
+    } else {
+        cfg.rnr_retry
+    };
     u32::from(cfg.retry_cnt.min(rnr))
 }
 

@@ -30,7 +30,9 @@ fn main() -> ExitCode {
     if names.is_empty() {
         return usage();
     }
-    println!("| configuration | WRs | budgets (loss/dup) | depth | states | transitions | fair runs | retry-exhausted | time | result |");
+    println!(
+        "| configuration | WRs | budgets (loss/dup) | depth | states | transitions | fair runs | retry-exhausted | time | result |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut failed = false;
     for name in names {
@@ -47,7 +49,12 @@ fn main() -> ExitCode {
         let r = explore_with(&cfg, std::env::var_os("MODEL_PROGRESS").is_some());
         let wrs: Vec<String> = cfg.wrs.iter().map(|w| format!("{:?}", w.op)).collect();
         let result = match (&r.violation, r.truncated) {
-            (Some(v), _) => v.message.split(':').next().unwrap_or("violation").to_string(),
+            (Some(v), _) => v
+                .message
+                .split(':')
+                .next()
+                .unwrap_or("violation")
+                .to_string(),
             (None, true) => "no violation (truncated)".to_string(),
             (None, false) => "no violation".to_string(),
         };
@@ -76,7 +83,11 @@ fn main() -> ExitCode {
             }
         }
     }
-    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn usage() -> ExitCode {

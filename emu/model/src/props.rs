@@ -8,9 +8,7 @@
 use verbs_api::{QpState, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::config::{Config, Op, Side};
-use crate::system::{
-    RECV_WR_BASE, System, atomic_add, atomic_init, atomic_swap, imm_of, pattern,
-};
+use crate::system::{RECV_WR_BASE, System, atomic_add, atomic_init, atomic_swap, imm_of, pattern};
 
 /// Datagrams in flight beyond this is an unbounded queue.
 pub const MAX_IN_FLIGHT: usize = 64;
@@ -113,7 +111,12 @@ fn check_success(cfg: &Config, sys: &System, k: usize, wc: &WorkCompletion) -> R
         Op::FetchAdd => WcOpcode::FetchAdd,
         Op::CmpSwap => WcOpcode::CompSwap,
     };
-    let fail = |what: String| Err(format!("success-effects: WR {k} ({:?}) SUCCESS but {what}", wr.op));
+    let fail = |what: String| {
+        Err(format!(
+            "success-effects: WR {k} ({:?}) SUCCESS but {what}",
+            wr.op
+        ))
+    };
     if wc.opcode != opcode {
         return fail(format!("opcode {:?}", wc.opcode));
     }
@@ -209,7 +212,10 @@ fn check_atomic_targets(cfg: &Config, sys: &System) -> Result<(), String> {
         let off = slot * k as u64 + slot / 2;
         let n = mem.atomic_count(off);
         if n > 1 {
-            return Err(format!("atomic-once: WR {k} ({:?}) executed {n} times", wr.op));
+            return Err(format!(
+                "atomic-once: WR {k} ({:?}) executed {n} times",
+                wr.op
+            ));
         }
         let v = mem.word(off);
         if v != atomic_init(k) && v != atomic_final(wr.op, k) {

@@ -24,7 +24,10 @@ pub fn render(cfg: &Config, v: &Violation) -> String {
     let _ = writeln!(s, "/// Found by emu-model, configuration `{}`:", cfg.name);
     let _ = writeln!(s, "/// {}", v.message);
     if cfg.pairs > 1 {
-        let _ = writeln!(s, "/// (two QP pairs: pair 1 needs a second QP in the harness)");
+        let _ = writeln!(
+            s,
+            "/// (two QP pairs: pair 1 needs a second QP in the harness)"
+        );
     }
     let _ = writeln!(s, "#[test]");
     let _ = writeln!(s, "fn model_{}() {{", cfg.name.replace('-', "_"));
@@ -45,13 +48,25 @@ pub fn render(cfg: &Config, v: &Violation) -> String {
         let (me, peer) = (node(wr.from), node(wr.from.peer()));
         match wr.op {
             Op::Read => {
-                let _ = writeln!(s, "    let mr = p.{peer}.mr; p.{peer}.write(&mr, {r:#x}, &{:?});", pattern(k, cfg.len));
+                let _ = writeln!(
+                    s,
+                    "    let mr = p.{peer}.mr; p.{peer}.write(&mr, {r:#x}, &{:?});",
+                    pattern(k, cfg.len)
+                );
             }
             Op::FetchAdd | Op::CmpSwap => {
-                let _ = writeln!(s, "    let mr = p.{peer}.mr; p.{peer}.write(&mr, {r:#x}, &{:#x}u64.to_ne_bytes());", atomic_init(k));
+                let _ = writeln!(
+                    s,
+                    "    let mr = p.{peer}.mr; p.{peer}.write(&mr, {r:#x}, &{:#x}u64.to_ne_bytes());",
+                    atomic_init(k)
+                );
             }
             Op::Send | Op::Write | Op::WriteImm => {
-                let _ = writeln!(s, "    let mr = p.{me}.mr; p.{me}.write(&mr, {l:#x}, &{:?});", pattern(k, cfg.len));
+                let _ = writeln!(
+                    s,
+                    "    let mr = p.{me}.mr; p.{me}.write(&mr, {l:#x}, &{:?});",
+                    pattern(k, cfg.len)
+                );
             }
         }
     }
@@ -73,7 +88,10 @@ pub fn render(cfg: &Config, v: &Violation) -> String {
             Op::Write => format!("SendOp::RdmaWrite {{ {ra} }}"),
             Op::WriteImm => format!("SendOp::RdmaWriteWithImm {{ {ra}, imm: {:#x} }}", imm_of(k)),
             Op::Read => format!("SendOp::RdmaRead {{ {ra} }}"),
-            Op::FetchAdd => format!("SendOp::AtomicFetchAndAdd {{ {ra}, add: {:#x} }}", atomic_add(k)),
+            Op::FetchAdd => format!(
+                "SendOp::AtomicFetchAndAdd {{ {ra}, add: {:#x} }}",
+                atomic_add(k)
+            ),
             Op::CmpSwap => format!(
                 "SendOp::AtomicCmpAndSwp {{ {ra}, compare: {:#x}, swap: {:#x} }}",
                 atomic_init(k),
@@ -103,13 +121,19 @@ pub fn render(cfg: &Config, v: &Violation) -> String {
                 let k = list.get(*n).copied().unwrap_or(usize::MAX);
                 *n += 1;
                 let (wr_id, off) = (RECV_WR_BASE + k as u64, slot * k as u64 + slot / 2);
-                format!("Step::PostRecv(Side::{side:?}, {wr_id}, {off:#x}, {})", cfg.len)
+                format!(
+                    "Step::PostRecv(Side::{side:?}, {wr_id}, {off:#x}, {})",
+                    cfg.len
+                )
             }
         };
         let _ = writeln!(s, "        {line},");
     }
     let _ = writeln!(s, "    ]);");
-    let _ = writeln!(s, "    // Assert here what the violation above says should have held.");
+    let _ = writeln!(
+        s,
+        "    // Assert here what the violation above says should have held."
+    );
     let _ = writeln!(s, "}}");
     s
 }
@@ -138,7 +162,11 @@ pub fn datagram(d: &crate::system::Datagram) -> String {
                 .aeth
                 .map(|a| format!(" {:?} msn {}", a.syndrome, a.msn))
                 .unwrap_or_default();
-            format!("{dir} {:?} psn {:#x}{aeth}", p.bth.opcode, p.bth.psn.value())
+            format!(
+                "{dir} {:?} psn {:#x}{aeth}",
+                p.bth.opcode,
+                p.bth.psn.value()
+            )
         }
         Err(e) => format!("{dir} unparsable: {e:?}"),
     }
@@ -164,7 +192,12 @@ pub fn narrate(cfg: &Config, schedule: &[Choice]) -> String {
                     .chain(&n.recv_wcs[pair])
                     .map(|w| format!("{}:{:?}", w.wr_id, w.status))
                     .collect();
-                let _ = writeln!(s, "      {side:?}{pair} {:?} wcs [{}]", n.qp_state(pair), wcs.join(", "));
+                let _ = writeln!(
+                    s,
+                    "      {side:?}{pair} {:?} wcs [{}]",
+                    n.qp_state(pair),
+                    wcs.join(", ")
+                );
             }
         }
     };

@@ -87,7 +87,12 @@ pub struct ModelMemory {
 }
 
 impl ModelMemory {
-    fn range(&self, key: u32, offset: u64, len: usize) -> Result<std::ops::Range<usize>, MemoryFault> {
+    fn range(
+        &self,
+        key: u32,
+        offset: u64,
+        len: usize,
+    ) -> Result<std::ops::Range<usize>, MemoryFault> {
         let start = usize::try_from(offset).map_err(|_| MemoryFault)?;
         let end = start.checked_add(len).ok_or(MemoryFault)?;
         if key != self.key || end > self.bytes.borrow().len() {
@@ -282,9 +287,13 @@ impl System {
                 Op::Read => mem.put(target, &pattern(k, cfg.len)),
                 Op::FetchAdd | Op::CmpSwap => mem.put(target, &atomic_init(k).to_ne_bytes()),
                 Op::Write | Op::WriteImm => {
-                    self.nodes[wr.from.index()].mem.put(slot * k as u64, &pattern(k, cfg.len));
+                    self.nodes[wr.from.index()]
+                        .mem
+                        .put(slot * k as u64, &pattern(k, cfg.len));
                 }
-                Op::Send => self.nodes[wr.from.index()].mem.put(slot * k as u64, &pattern(k, cfg.len)),
+                Op::Send => self.nodes[wr.from.index()]
+                    .mem
+                    .put(slot * k as u64, &pattern(k, cfg.len)),
             }
         }
     }
@@ -456,7 +465,8 @@ impl System {
 
     fn deliver(&mut self, d: &Datagram) {
         let node = &mut self.nodes[d.from.peer().index()];
-        node.hca.handle_datagram(self.now, d.src, &d.bytes, &node.mem);
+        node.hca
+            .handle_datagram(self.now, d.src, &d.bytes, &node.mem);
     }
 
     /// Drains transmits (a then b), completions and async events.
@@ -468,7 +478,9 @@ impl System {
             while let Some(tx) = node.hca.poll_transmit(self.now, &node.mem, &mut buf) {
                 burst += 1;
                 if burst > MAX_BURST {
-                    return Err(format!("transmit storm: more than {MAX_BURST} datagrams from {side:?} in one step"));
+                    return Err(format!(
+                        "transmit storm: more than {MAX_BURST} datagrams from {side:?} in one step"
+                    ));
                 }
                 self.flight.push(Datagram {
                     from: side,

@@ -1,5 +1,6 @@
 //! The model checker's configurations that run in `cargo test` (seconds in a debug build);
 //! the larger ones run from `scripts/model-check.sh`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use emu_model::system::{Choice, System};
 use emu_model::{Config, Side, explore, scenario};
@@ -59,7 +60,10 @@ fn schedules_render_as_replayable_tests() {
     };
     let test = scenario::render(&cfg, &v);
     assert!(test.contains("p.replay(&["), "{test}");
-    assert!(test.contains("Step::PostRecv(Side::B, 1000, 0x20, 16)"), "{test}");
+    assert!(
+        test.contains("Step::PostRecv(Side::B, 1000, 0x20, 16)"),
+        "{test}"
+    );
     assert!(test.contains("Step::Fire"), "{test}");
 }
 
@@ -83,6 +87,9 @@ fn properties_catch_corrupted_effects() {
         let node = &mut bad.nodes[side.index()];
         node.mem.write(node.key, off, &[0]).unwrap();
         let err = emu_model::props::check_state(&cfg, &bad).unwrap_err();
-        assert!(err.starts_with("success-effects") || err.starts_with("recv-matches-send"), "{err}");
+        assert!(
+            err.starts_with("success-effects") || err.starts_with("recv-matches-send"),
+            "{err}"
+        );
     }
 }

@@ -80,13 +80,15 @@ pub fn explore_with(cfg: &Config, progress: bool) -> Report {
     // arena its own queue. States are not kept: one is rebuilt by replaying its path from
     // the initial state when its turn comes (a path is at most `depth` steps), so memory is
     // a few dozen bytes per state instead of the engines' ~10 KB.
+    let root = init.fingerprint(cap);
     let mut arena: Vec<Entry> = vec![Entry {
         parent: 0,
         choice: None,
         depth: 0,
+        fingerprint: root,
     }];
     let mut seen: HashSet<u64> = HashSet::new();
-    seen.insert(init.fingerprint(cap));
+    seen.insert(root);
     if let Err(message) = check_state(cfg, &init) {
         report.violation = Some(Violation {
             message,
@@ -97,7 +99,7 @@ pub fn explore_with(cfg: &Config, progress: bool) -> Report {
     while report.violation.is_none() && cursor < arena.len() {
         let (idx, depth) = (cursor, arena[cursor].depth);
         cursor += 1;
-        let sys = match rebuild(cfg, &init, &arena, idx) {
+        let sys = match rebuild(cfg, &init, &arena, idx, cap) {
             Ok(sys) => sys,
             Err(message) => {
                 let schedule = path(&arena, idx);
@@ -140,11 +142,13 @@ pub fn explore_with(cfg: &Config, progress: bool) -> Report {
                 report.truncated = true;
                 break;
             }
-            if seen.insert(next.fingerprint(cap)) {
+            let fingerprint = next.fingerprint(cap);
+            if seen.insert(fingerprint) {
                 arena.push(Entry {
                     parent: idx,
                     choice: Some(choice),
                     depth: depth + 1,
+                    fingerprint,
                 });
             }
         }
@@ -242,6 +246,8 @@ struct Entry {
     parent: usize,
     choice: Option<Choice>,
     depth: u32,
+    /// The state's fingerprint, to check that replaying its path rebuilds it.
+    fingerprint: u64,
 }
 
 /// The choices from the root to state `idx`.
@@ -260,13 +266,23 @@ fn path(arena: &[Entry], mut idx: usize) -> Vec<Choice> {
     out
 }
 
-/// State `idx`, rebuilt by replaying its path from `init`. The engine is deterministic, so
-/// this is the state that was fingerprinted; an error here means it is not.
-fn rebuild(cfg: &Config, init: &System, arena: &[Entry], idx: usize) -> Result<System, String> {
+/// State `idx`, rebuilt by replaying its path from `init`. The engine is deterministic and
+/// `Hca::clone` faithful, so this is the state that was fingerprinted; an error means one of
+/// them is not.
+fn rebuild(
+    cfg: &Config,
+    init: &System,
+    arena: &[Entry],
+    idx: usize,
+    cap: u32,
+) -> Result<System, String> {
     let mut sys = init.clone();
     for choice in path(arena, idx) {
         sys.step(cfg, choice)
             .map_err(|e| format!("determinism: replaying a known path failed: {e}"))?;
+    }
+    if sys.fingerprint(cap) != arena[idx].fingerprint {
+        return Err("determinism: replaying a path gave another state".into());
     }
     Ok(sys)
 }

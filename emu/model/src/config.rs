@@ -132,6 +132,10 @@ pub struct Config {
     pub max_rd_atomic: u8,
     /// Where the fairness check runs from.
     pub fair: FairCheck,
+    /// Every WRITE and WRITE_WITH_IMM targets the first one's address (single-packet
+    /// payloads only), so that a stale duplicate executed again would overwrite a later
+    /// write's data and be seen.
+    pub shared_target: bool,
     /// Stop after this many distinct states (a safety net for the machine, not a bound the
     /// report may hide: a run that hits it says so).
     pub max_states: usize,
@@ -157,6 +161,7 @@ impl Config {
             min_rnr_timer: 1,
             max_rd_atomic: 4,
             fair: FairCheck::Every,
+            shared_target: false,
             max_states: 10_000_000,
         }
     }
@@ -233,13 +238,27 @@ impl Config {
                 c.depth = 9;
                 c.fair = FairCheck::Leaves;
             }
+            "overwrite" => {
+                c.wrs = vec![WrSpec::a(Write), WrSpec::a(WriteImm), WrSpec::a(Write)];
+                c.shared_target = true;
+                c.dup_budget = 2;
+                c.depth = 8;
+                c.fair = FairCheck::Leaves;
+            }
+            "loss2" => {
+                c.wrs = vec![WrSpec::a(Send), WrSpec::a(Read), WrSpec::a(CmpSwap)];
+                c.loss_budget = 2;
+                c.dup_budget = 0;
+                c.depth = 9;
+                c.fair = FairCheck::Leaves;
+            }
             _ => return None,
         }
         Some(c)
     }
 
     /// The names [`Config::named`] knows, in the order the script runs them.
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 10] = [
         "small",
         "small-exhaust",
         "rnr",
@@ -248,12 +267,39 @@ impl Config {
         "multi-packet",
         "bidir",
         "two-qps",
+        "overwrite",
+        "loss2",
     ];
 
     /// The slot of each work request in both nodes' memory: local buffer at `slot × k`,
     /// remote target (and receive buffer) at `slot × k + slot / 2`.
     pub fn slot(&self) -> u64 {
         (u64::from(self.len.max(8)) * 2).next_multiple_of(64)
+    }
+
+    /// Offset of work request `k`'s remote target in the responder's MR: `slot × k + slot / 2`,
+    /// or the first WRITE's with [`Config::shared_target`].
+    pub fn target(&self, k: usize) -> u64 {
+        let own = |k: usize| self.slot() * k as u64 + self.slot() / 2;
+        let is_write = |op: Op| matches!(op, Op::Write | Op::WriteImm);
+        match self.wrs.get(k) {
+            Some(w) if self.shared_target && is_write(w.op) => {
+                let first = self.wrs.iter().position(|w| is_write(w.op)).unwrap_or(k);
+                own(first)
+            }
+            _ => own(k),
+        }
+    }
+
+    /// The work requests after `k` that write `k`'s target too.
+    pub fn later_writers(&self, k: usize) -> Vec<usize> {
+        (k + 1..self.wrs.len())
+            .filter(|&j| {
+                matches!(self.wrs[j].op, Op::Write | Op::WriteImm)
+                    && self.wrs[j].from == self.wrs[k].from
+                    && self.target(j) == self.target(k)
+            })
+            .collect()
     }
 
     /// Bytes a work request moves.

@@ -101,7 +101,7 @@ fn check_success(cfg: &Config, sys: &System, k: usize, wc: &WorkCompletion) -> R
     let slot = cfg.slot();
     let local = &sys.nodes[wr.from.index()].mem;
     let remote = &sys.nodes[wr.from.peer().index()].mem;
-    let (l_off, r_off) = (slot * k as u64, slot * k as u64 + slot / 2);
+    let (l_off, r_off) = (slot * k as u64, cfg.target(k));
     let len = cfg.len as usize;
     let data = pattern(k, cfg.len);
     let opcode = match wr.op {
@@ -121,7 +121,10 @@ fn check_success(cfg: &Config, sys: &System, k: usize, wc: &WorkCompletion) -> R
         return fail(format!("opcode {:?}", wc.opcode));
     }
     match wr.op {
-        Op::Send | Op::Write | Op::WriteImm if remote.get(r_off, len) != data => {
+        Op::Write | Op::WriteImm if !write_in_place(cfg, sys, k) => {
+            return fail("the responder's memory lacks the data".into());
+        }
+        Op::Send if remote.get(r_off, len) != data => {
             return fail("the responder's memory lacks the data".into());
         }
         Op::Read if local.get(l_off, len) != data => {
@@ -147,6 +150,28 @@ fn check_success(cfg: &Config, sys: &System, k: usize, wc: &WorkCompletion) -> R
     Ok(())
 }
 
+/// A completed WRITE `k`'s target holds its data — or, with a shared target, the data of a
+/// later WRITE to it that has not completed yet; once a later one completed, that one is
+/// judged instead.
+fn write_in_place(cfg: &Config, sys: &System, k: usize) -> bool {
+    let wr = cfg.wrs[k];
+    let later = cfg.later_writers(k);
+    let wcs = &sys.nodes[wr.from.index()].send_wcs[wr.pair];
+    let done = |j: usize| {
+        wcs.iter()
+            .any(|w| w.wr_id == j as u64 && w.status == WcStatus::Success)
+    };
+    if later.iter().any(|&j| done(j)) {
+        return true;
+    }
+    let have = sys.nodes[wr.from.peer().index()]
+        .mem
+        .get(cfg.target(k), cfg.len as usize);
+    std::iter::once(k)
+        .chain(later)
+        .any(|j| have == pattern(j, cfg.len))
+}
+
 fn atomic_final(op: Op, k: usize) -> u64 {
     match op {
         Op::FetchAdd => atomic_init(k).wrapping_add(atomic_add(k)),
@@ -168,7 +193,6 @@ fn check_recvs(cfg: &Config, sys: &System, side: Side, pair: usize) -> Result<()
             posted.len()
         ));
     }
-    let slot = cfg.slot();
     for (wc, &k) in wcs.iter().zip(posted) {
         let fail = |what: String| Err(format!("recv-matches-send: receive for WR {k}: {what}"));
         if wc.wr_id != RECV_WR_BASE + k as u64 {
@@ -180,7 +204,7 @@ fn check_recvs(cfg: &Config, sys: &System, side: Side, pair: usize) -> Result<()
             s => return fail(format!("status {s:?} (QP {:?})", node.qp_state(pair))),
         }
         let data = pattern(k, cfg.len);
-        let at = node.mem.get(slot * k as u64 + slot / 2, cfg.len as usize);
+        let at = node.mem.get(cfg.target(k), cfg.len as usize);
         let imm = wc.wc_flags.contains(WcFlags::WITH_IMM);
         let ok = match cfg.wrs[k].op {
             Op::Send => wc.opcode == WcOpcode::Recv && !imm && wc.byte_len == cfg.len,
@@ -194,7 +218,11 @@ fn check_recvs(cfg: &Config, sys: &System, side: Side, pair: usize) -> Result<()
                 imm.then_some(wc.imm_data)
             ));
         }
-        if at != data {
+        let in_place = match cfg.wrs[k].op {
+            Op::Send => at == data,
+            _ => write_in_place(cfg, sys, k),
+        };
+        if !in_place {
             return fail("the data is not in place".into());
         }
     }

@@ -80,7 +80,7 @@ pub fn render(cfg: &Config, v: &Violation) -> String {
         }
     }
     for (k, wr) in cfg.wrs.iter().enumerate() {
-        let (l, r) = (slot * k as u64, slot * k as u64 + slot / 2);
+        let (l, r) = (slot * k as u64, cfg.target(k));
         let peer = node(wr.from.peer());
         let ra = format!("remote_addr: p.{peer}.va({r:#x}), rkey: p.{peer}.mr.rkey");
         let op = match wr.op {

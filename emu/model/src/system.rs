@@ -281,7 +281,7 @@ impl System {
     fn fill_memory(&mut self, cfg: &Config) {
         let slot = cfg.slot();
         for (k, wr) in cfg.wrs.iter().enumerate() {
-            let target = slot * k as u64 + slot / 2;
+            let target = cfg.target(k);
             let mem = &self.nodes[wr.from.peer().index()].mem;
             match wr.op {
                 Op::Read => mem.put(target, &pattern(k, cfg.len)),
@@ -302,7 +302,7 @@ impl System {
         let rkey = self.nodes[side.peer().index()].key;
         let node = &mut self.nodes[side.index()];
         let slot = cfg.slot();
-        let remote_addr = MR_IOVA + slot * k as u64 + slot / 2;
+        let remote_addr = MR_IOVA + cfg.target(k);
         let op = match cfg.wrs[k].op {
             Op::Send => SendOp::Send,
             Op::Write => SendOp::RdmaWrite { remote_addr, rkey },

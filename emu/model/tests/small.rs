@@ -93,3 +93,24 @@ fn properties_catch_corrupted_effects() {
         );
     }
 }
+
+/// With a shared WRITE target, a stale WRITE's data reappearing after a later WRITE completed
+/// is a violation.
+#[test]
+fn properties_catch_a_stale_overwrite() {
+    use emu_proto::Memory;
+    let cfg = Config::named("overwrite").unwrap();
+    let sys = System::new(&cfg).unwrap();
+    let (failed, steps) = emu_model::explore::fair_run(&cfg, &sys).unwrap();
+    assert!(!failed);
+    let mut done = sys.clone();
+    for c in steps {
+        done.step(&cfg, c).unwrap();
+    }
+    emu_model::props::check_state(&cfg, &done).unwrap();
+    let b = &mut done.nodes[Side::B.index()];
+    let stale = emu_model::system::pattern(0, cfg.len);
+    b.mem.write(b.key, cfg.target(2), &stale).unwrap();
+    let err = emu_model::props::check_state(&cfg, &done).unwrap_err();
+    assert!(err.starts_with("success-effects: WR 2"), "{err}");
+}

@@ -364,7 +364,7 @@ impl System {
             .hca
             .post_recv(qpn, &[RecvWr::new(RECV_WR_BASE + k as u64, &sge)]);
         node.recvs_posted[pair] += 1;
-        // A QP in ERR refuses nothing but flushes at once; either way the WQE counts as posted.
+        // Only a QP in RESET or on an SRQ refuses a receive, and the model has neither.
         debug_assert!(posted.is_ok(), "post_recv {k}: {posted:?}");
         true
     }

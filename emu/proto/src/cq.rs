@@ -8,7 +8,7 @@ use verbs_api::{WcStatus, WorkCompletion};
 use crate::ids::ChannelId;
 
 /// One CQ.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Cq {
     pub(crate) capacity: u32,
     entries: VecDeque<WorkCompletion>,

@@ -64,20 +64,20 @@ pub const MAX_PACKET_LEN: usize = rc::MAX_PACKET_LEN;
 /// The first QP number handed out (QPN 0 and 1 are the special QPs; rxe starts at 0x11).
 pub const FIRST_QPN: u32 = 0x11;
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct PdEntry {
     /// MRs, QPs and SRQs in this PD.
     refs: u32,
 }
 
 /// An address handle: its PD (kept busy) and the destination it resolves to.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct AhEntry {
     pd: PdId,
     dst: SocketAddr,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct ChannelEntry {
     cq_refs: u32,
 }
@@ -86,7 +86,7 @@ struct ChannelEntry {
 ///
 /// Every command validates fully before it changes anything: a failed call leaves the HCA as it
 /// was.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Hca {
     config: HcaConfig,
     rng: ChaCha8Rng,
@@ -1098,6 +1098,33 @@ impl Hca {
         self.qp(qpn).ok().map(|qp| qp.rc.epsn.value())
     }
 
+    /// A canonical text encoding of everything that decides the HCA's future behaviour, for
+    /// state hashing in the model checker (`emu-model`). Not a stable format; not a verbs API.
+    ///
+    /// Contract: two HCAs whose encodings at their own `now` are equal behave the same under
+    /// the same later inputs, with time measured from `now`. To that end the encoding rebases
+    /// every timer deadline to `deadline − now` (behaviour depends on time differences only),
+    /// and leaves out the counters ([`Stats`]) and the IPv4-ident cache, which never steer
+    /// the engine. It has no pointers. A deadline field added later that is not rebased here
+    /// only makes fewer states compare equal (less reduction), never wrong merges.
+    #[doc(hidden)]
+    pub fn canonical_state(&self, now: Instant) -> String {
+        let rebase = |t: Instant| Instant::from_nanos(saturating_nanos(t, now));
+        let mut c = self.clone();
+        c.stats = Stats::default();
+        c.ident_bases.clear();
+        c.timers = c.timers.iter().map(|&(t, q)| (rebase(t), q)).collect();
+        for i in 0..u32::try_from(c.qps.capacity()).unwrap_or(u32::MAX) {
+            if let Some(qp) = c.qps.get_mut(i) {
+                qp.rc.stats = Stats::default();
+                qp.rc.retransmit_at = qp.rc.retransmit_at.map(rebase);
+                qp.rc.rnr_at = qp.rc.rnr_at.map(rebase);
+                qp.rc.timer_key = qp.rc.timer_key.map(rebase);
+            }
+        }
+        format!("{c:?}")
+    }
+
     /// Device counters: packets no QP accepted plus the sum over live and destroyed QPs.
     pub fn stats(&self) -> Stats {
         let mut total = self.stats;
@@ -1382,6 +1409,11 @@ fn check_mr_access(access: AccessFlags) -> Result<()> {
 
 /// `IBV_ACCESS_OPTIONAL_RANGE`: bits 20..=29 may be ignored by a provider (§7.1).
 const OPTIONAL_ACCESS_RANGE: u32 = 0x3FF0_0000;
+
+/// `t − now` in nanoseconds, 0 if `t` is not after `now`.
+fn saturating_nanos(t: Instant, now: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(now).as_nanos()).unwrap_or(u64::MAX)
+}
 
 fn flush_wc(qpn: u32, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
     WorkCompletion {

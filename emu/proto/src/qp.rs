@@ -77,7 +77,7 @@ impl RecvWqe {
 }
 
 /// One QP.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,

@@ -12,7 +12,7 @@ use crate::ids::PdId;
 use crate::qp::RecvWqe;
 
 /// An SRQ's HCA state.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct SrqEntry {
     pub(crate) pd: PdId,
     pub(crate) attr: SrqAttr,

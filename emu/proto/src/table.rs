@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 pub(crate) const REUSE_AFTER: usize = 64;
 
 /// Slots addressed by index; `insert` is O(1), lookups are O(1).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Table<T> {
     slots: Vec<Option<T>>,
     free: VecDeque<u32>,

@@ -11,7 +11,9 @@ mod common;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use common::{ALL_ACCESS, Action, Dir, MR_LEN, Node, Opts, Pair, Seen, ack_timeout, bth, ip_ctx};
+use common::{
+    ALL_ACCESS, Action, Dir, MR_LEN, Node, Opts, Pair, Seen, Side, Step, ack_timeout, bth, ip_ctx,
+};
 use emu_proto::Instant;
 use emu_proto::wire::{
     AtomicEthRepr, BthRepr, IpAddrs, IpContext, NakCode, Opcode, Packet, PacketRepr, RethRepr,
@@ -2620,4 +2622,56 @@ fn error_nak_past_a_read_with_lost_responses_retries_the_read() {
         [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
     );
     assert_eq!(p.a.state(), QpState::Err);
+}
+
+// ---- schedules found by the model checker (emu-model, issue 21) --------------------------
+
+/// Found by emu-model (configuration `rnr`, before its fairness rule allowed for it): the
+/// SEND meets an empty receive queue (RNR NAK); the WRITE_WITH_IMM behind it draws a PSN
+/// sequence NAK that overtakes the RNR NAK and restarts the SEND at once, which draws a second
+/// RNR NAK; the network duplicates the first. Three RNR NAKs for one PSN reach a, and each is
+/// charged against `rnr_retry` (2), as rxe's completer charges every RNR NAK: the SEND fails
+/// with RNR_RETRY_EXC_ERR although b posted its receives before any RNR wait ended. Pins that
+/// rxe-compatible accounting, and that `Pair::replay` follows the model packet for packet.
+#[test]
+fn model_rnr_every_rnr_nak_costs_a_retry_even_stale_or_duplicated() {
+    let mut p = Pair::with(Opts {
+        rnr_retry: 2,
+        ..Opts::default()
+    });
+    let mr = p.a.mr;
+    p.a.write(&mr, 0x0, &pattern(16, 1));
+    p.a.write(&mr, 0x40, &pattern(16, 2));
+    let sge = [p.a.at(0x0, 16)];
+    p.post_a(&[SendWr::new(0, SendOp::Send, &sge)]);
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: p.b.va(0x60),
+        rkey: p.b.mr.rkey,
+        imm: 0xc0de0001,
+    };
+    let sge = [p.a.at(0x40, 16)];
+    p.post_a(&[SendWr::new(1, op, &sge)]);
+    p.set_filter(|_| Action::Hold);
+    p.transmit();
+    p.replay(&[
+        Step::Deliver(0), // SEND → RNR NAK
+        Step::Deliver(0), // WRITE_WITH_IMM → PSN sequence NAK
+        Step::Deliver(1), // the NAK overtakes the RNR NAK: a restarts at the SEND
+        Step::Deliver(1), // SEND again → second RNR NAK
+        Step::Duplicate(0),
+        Step::PostRecv(Side::B, 1000, 0x20, 16),
+        Step::PostRecv(Side::B, 1001, 0x60, 16),
+        Step::Deliver(0), // RNR NAK 1: rnr_retry 2 → 1
+        Step::Deliver(0), // the restarted WRITE_WITH_IMM: out of sequence, dropped
+        Step::Deliver(0), // RNR NAK 1 again: 1 → 0
+        Step::Deliver(0), // RNR NAK 2: exhausted
+    ]);
+    let rnr_naks = p.seen(Dir::BtoA).iter().filter(|s| s.is_rnr()).count();
+    assert_eq!(rnr_naks, 2, "two RNR NAKs sent (and one duplicated)");
+    assert_eq!(
+        statuses(&p.a.send_wcs()),
+        vec![(0, WcStatus::RnrRetryExcErr), (1, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(p.a.state(), QpState::Err);
+    assert_eq!(p.held(), 0);
 }

@@ -82,7 +82,7 @@ impl Ctx<'_> {
 }
 
 /// The per-QP transport state. Reset to `default()` whenever the QP enters RESET.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct RcState {
     // ---- requester/completer (send side) ----
     /// PSN of the next request packet.
@@ -141,7 +141,7 @@ impl RcState {
 }
 
 /// An inbound multi-packet message in progress at the responder.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) enum InMsg {
     /// No message open: the next request must be FIRST, ONLY, READ or an atomic.
     #[default]

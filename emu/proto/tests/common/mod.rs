@@ -852,3 +852,57 @@ impl Pair {
         self.classes.clear();
     }
 }
+
+// ---- replaying model-checker schedules ---------------------------------------------------
+
+/// One network choice of a schedule printed by `emu-model` (issue 21). Indices are into the
+/// held datagrams, which `replay` keeps in emission order as the model does.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Hand the held datagram at this index to its destination.
+    Deliver(usize),
+    /// Lose it.
+    Drop(usize),
+    /// Append a copy of it to the held datagrams.
+    Duplicate(usize),
+    /// Jump to the earliest deadline of either HCA and fire it.
+    Fire,
+    /// The node posts a receive (`wr_id`, offset and length in its default MR).
+    PostRecv(Side, u64, u64, u32),
+}
+
+impl Pair {
+    /// Replays a schedule printed by `emu-model`, transmitting after every step as the model
+    /// does. The filter must hold every datagram
+    /// (`p.set_filter(|_| Action::Hold)`), and the initial transmits must already be held.
+    pub(crate) fn replay(&mut self, steps: &[Step]) {
+        for (n, step) in steps.iter().enumerate() {
+            match *step {
+                Step::Deliver(i) => {
+                    assert!(i < self.held.len(), "step {n}: no held datagram {i}");
+                    let pkt = self.held.remove(i);
+                    self.inject_pkt(&pkt);
+                }
+                Step::Drop(i) => {
+                    assert!(i < self.held.len(), "step {n}: no held datagram {i}");
+                    self.held.remove(i);
+                }
+                Step::Duplicate(i) => {
+                    let pkt = self.held[i].clone();
+                    self.held.push(pkt);
+                }
+                Step::Fire => {
+                    let t = self.next_deadline().expect("Fire with no timer armed");
+                    self.now = self.now.max(t);
+                    self.fire_timers();
+                }
+                Step::PostRecv(side, wr_id, off, len) => {
+                    let node = self.node(side);
+                    let sge = node.at(off, len);
+                    node.post_recv(wr_id, &[sge]);
+                }
+            }
+            self.transmit();
+        }
+    }
+}

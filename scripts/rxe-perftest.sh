@@ -12,7 +12,8 @@
 # run. A run passes when both programs exit 0 and the client printed perftest's result row.
 #
 #   --out DIR      logs: rxe.log (guest console and [host] lines), rxe-vm.stderr, host-*.log,
-#                  host-*.pcap (the drop-in's capture, SOFTVERBS_PCAP), summary.txt
+#                  host-*.pcap (the drop-in's capture, SOFTVERBS_PCAP; retransmissions in it are
+#                  counted by scripts/roce-retransmits.py), summary.txt
 #                  (default target/rxe-perftest)
 #   --bw-iters N   ib_write_bw -n (default 200), --lat-iters N  ib_send_lat -n (default 100)
 #   --no-pcap      no SOFTVERBS_PCAP capture on the host
@@ -158,8 +159,8 @@ fail=0
     g=$(grep -E "^@@GUEST $name (PASS|FAIL)" "$OUT/rxe.clean.log" | tail -1 | cut -d' ' -f3- || true)
     h=$(grep -E "^\[host\] @@HOST $name (PASS|FAIL)" "$OUT/rxe.clean.log" | tail -1 | cut -d' ' -f4- || true)
     case $name in
-      host-server-*) client="guest $name" server="\[host\] HOST $name" ;;
-      *) client="\[host\] HOST $name" server="guest $name" ;;
+      host-server-*) client="GUEST $name" server="\[host\] HOST $name" ;;
+      *) client="\[host\] HOST $name" server="GUEST $name" ;;
     esac
     crow=$(row "$client")
     if [ "${g%% *}" = PASS ] && [ "${h%% *}" = PASS ] && [ -n "$crow" ]; then v=PASS; else v=FAIL; fi
@@ -172,7 +173,12 @@ fail=0
   echo "(host: softverbs drop-in on $LIB_DIR; guest: rxe0 under TCG: the numbers say nothing about speed)"
   if grep -q '^guest rxe0 counters' "$OUT/rxe.clean.log"; then
     echo "guest rxe0 counters:"
-    sed -n '/^guest rxe0 counters:/,/@@RXE-VM EXIT/p' "$OUT/rxe.clean.log" | sed '1d;$d' | sed 's/^/  /'
+    sed -n '/^guest rxe0 counters:/,/@@RXE-VM EXIT/p' "$OUT/rxe.clean.log" | grep -E '^[a-z_]+=[0-9]+$' |
+      sed 's/^/  /' || true
+  fi
+  if [ "$PCAP" = 1 ] && compgen -G "$OUT/host-*.pcap" >/dev/null; then
+    echo "retransmissions in the drop-in's captures (scripts/roce-retransmits.py):"
+    (cd "$OUT" && python3 "$ROOT/scripts/roce-retransmits.py" host-*.pcap) | sed 's/^/  /' || true
   fi
   errs=$(grep -hE '^softverbs|SOFTVERBS' "$OUT"/host-*.log 2>/dev/null | sort | uniq -c | head -20 || true)
   [ -z "$errs" ] || { echo "host drop-in messages:"; echo "$errs" | sed 's/^/  /'; }

@@ -15,13 +15,15 @@
       is missing), unless EXPECTED (scripts/pyverbs.sh's expectations: id <TAB> result <TAB>
       reason) lists it as a non-pass with a reason; such tests are shown as "accepted" with
       the reason. Without EXPECTED no exception is accepted.
+  pyverbs-table.py selftest
+      Checks parse, totals and compare on a built-in sample of unittest's verbose output.
 
 This tool only reads and compares results; it runs nothing.
 """
 import re
 import sys
 
-HEADER = re.compile(r"^(test\w*) \(([\w.]+)\)(?: \.\.\. (.*))?$")
+HEADER = re.compile(r"^(test\w*) \(([\w.]+)\)(?: \.\.\.(?: (.*))?)?$")
 OUTCOME = re.compile(
     r"(?:^|\.\.\. )(ok|FAIL|ERROR|expected failure|unexpected success|skipped (['\"])(.*)\2)$"
 )
@@ -162,6 +164,75 @@ def compare(rxe_path, sv_path, expected_path=None):
     return 1 if bad else 0
 
 
+SAMPLE = """\
+test_a (tests.test_x.A.test_a) ... ok
+test_b (tests.test_x.A.test_b) ... skipped 'Device does not support UD'
+test_c (tests.test_x.A.test_c)
+Docstring of test_c ... some output of the test
+ERROR
+test_d (tests.test_x.A.test_d) ... FAIL
+test_e (tests.test_x.A.test_e) ... expected failure
+test_f (tests.test_x.A.test_f) ... unexpected success
+test_g (tests.test_x.A.test_g) ...
+======================================================================
+ERROR: test_c (tests.test_x.A.test_c)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+  File "x.py", line 1, in test_c
+pyverbs.pyverbs_error.PyverbsRDMAError: Completion status is local QP operation error
+======================================================================
+FAIL: test_d (tests.test_x.A.test_d)
+----------------------------------------------------------------------
+AssertionError: 1 != 2
+----------------------------------------------------------------------
+Ran 7 tests in 0.1s
+"""
+
+
+def selftest():
+    """Parses SAMPLE and compares made-up result files; raises AssertionError on a mismatch."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        def write(name, text):
+            path = os.path.join(tmp, name)
+            with open(path, "w") as f:
+                f.write(text)
+            return path
+
+        got = parse(write("log", SAMPLE))
+        want = {
+            "tests.test_x.A.test_a": ["pass", ""],
+            "tests.test_x.A.test_b": ["skip", "Device does not support UD"],
+            "tests.test_x.A.test_c": ["fail", "ERROR: pyverbs.pyverbs_error.PyverbsRDMAError: "
+                                      "Completion status is local QP operation error"],
+            "tests.test_x.A.test_d": ["fail", "FAIL: AssertionError: 1 != 2"],
+            "tests.test_x.A.test_e": ["pass", ""],
+            "tests.test_x.A.test_f": ["fail", "FAIL: unexpected success"],
+            "tests.test_x.A.test_g": ["fail", "no result printed"],
+        }
+        assert got == want, got
+        rows = {t: tuple(v) for t, v in got.items()}
+        assert totals(rows) == {"pass": 2, "fail": 3, "error": 1, "skip": 1}, totals(rows)
+        rxe = write("rxe", "# c\nt.a\tpass\t\nt.b\tpass\t\nt.c\tskip\twhy\n")
+        same = write("sv1", "t.a\tpass\t\nt.b\tpass\t\nt.c\tpass\t\n")
+        worse = write("sv2", "t.a\tpass\t\nt.b\tskip\tno UD\n")
+        listed = write("exp", "t.b\tskip\tUD is not emulated\n")
+        unlisted = write("exp2", "t.b\tpass\t\n")
+        quiet = open(os.devnull, "w")
+        stdout, sys.stdout = sys.stdout, quiet
+        try:
+            results = (compare(rxe, same), compare(rxe, worse), compare(rxe, worse, listed),
+                       compare(rxe, worse, unlisted), compare(rxe, write("sv3", "t.a\tpass\t\n")))
+        finally:
+            sys.stdout = stdout
+            quiet.close()
+        assert results == (0, 1, 0, 1, 1), results
+    print("pyverbs-table selftest: ok")
+    return 0
+
+
 def main(argv):
     if len(argv) == 3 and argv[1] == "parse":
         for test, (result, detail) in parse(argv[2]).items():
@@ -172,6 +243,8 @@ def main(argv):
         return 0
     if len(argv) in (4, 5) and argv[1] == "compare":
         return compare(*argv[2:])
+    if len(argv) == 2 and argv[1] == "selftest":
+        return selftest()
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -3,11 +3,12 @@
 # the drop-in libibverbs.so.1 (softverbs' UDP device at 10.99.0.1:4791, in the rxe-vm namespace),
 # the guest's perftest on rxe0 (10.99.0.2, GID index 1); perftest's own TCP exchange, real RoCEv2.
 #
-#   scripts/rxe-perftest.sh [--out DIR] [--bw-iters N] [--lat-iters N] [--no-pcap]
+#   scripts/rxe-perftest.sh [--out DIR] [--tests "PROG..."] [--bw-iters N] [--lat-iters N] [--no-pcap]
 #
-# One VM boot runs, in this order (each program bounded by `timeout`):
-#   host-server: host ib_write_bw server, guest ib_write_bw client; then the same for ib_send_lat
-#   guest-server: guest ib_write_bw server, host client; then the same for ib_send_lat
+# One VM boot runs, in this order (each program bounded by `timeout`), for each perftest program
+# (default: ib_write_bw ib_send_lat):
+#   host-server-*: the host's program as server, the guest's as client, for each program
+#   guest-server-*: the guest's program as server, the host's as client, for each program
 # Both sides use -m 1024 (rxe0's active MTU; the tap's is 1500) and a TCP port of their own per
 # run. A run passes when both programs exit 0 and the client printed perftest's result row.
 #
@@ -15,7 +16,8 @@
 #                  host-*.pcap (the drop-in's capture, SOFTVERBS_PCAP; retransmissions in it are
 #                  counted by scripts/roce-retransmits.py), summary.txt
 #                  (default target/rxe-perftest)
-#   --bw-iters N   ib_write_bw -n (default 200), --lat-iters N  ib_send_lat -n (default 100)
+#   --tests LIST   the perftest RC programs to run (ib_{write,send,read,atomic}_{bw,lat})
+#   --bw-iters N   -n of the *_bw programs (default 200), --lat-iters N  of the *_lat (default 100)
 #   --no-pcap      no SOFTVERBS_PCAP capture on the host
 #
 # Needs the drop-in (scripts/build-libibverbs.sh → target/libibverbs; LIBIBVERBS_DIR overrides),
@@ -30,16 +32,18 @@ export LC_ALL=C
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RXE_VM=${RXE_VM:-$ROOT/../shared/rxe-vm/rxe-vm}
 OUT=$ROOT/target/rxe-perftest
+TESTS="ib_write_bw ib_send_lat"
 BW_ITERS=200
 LAT_ITERS=100
 PCAP=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift ;;
+    --tests) TESTS=$2; shift ;;
     --bw-iters) BW_ITERS=$2; shift ;;
     --lat-iters) LAT_ITERS=$2; shift ;;
     --no-pcap) PCAP=0 ;;
-    *) echo "usage: $0 [--out DIR] [--bw-iters N] [--lat-iters N] [--no-pcap]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--tests \"PROG...\"] [--bw-iters N] [--lat-iters N] [--no-pcap]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -52,20 +56,29 @@ LIB_DIR=${LIBIBVERBS_DIR:-$ROOT/target/libibverbs}
 [ -f "$LIB_DIR/libibverbs.so.1" ] ||
   { say "no $LIB_DIR/libibverbs.so.1: run scripts/build-libibverbs.sh first"; exit 2; }
 LIB_DIR=$(cd "$LIB_DIR" && pwd)
-for p in ib_write_bw ib_send_lat; do
-  command -v $p >/dev/null || { say "no $p on the host (Debian package perftest)"; exit 2; }
-done
 [ -x "$RXE_VM" ] || { say "rxe-vm not found at $RXE_VM (set RXE_VM)"; exit 2; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/host-*.log "$OUT"/host-*.pcap "$OUT/summary.txt"
 T=${PERFTEST_TIMEOUT:-120}
 
-# Runs: name, program, its flags, TCP port. Host servers first, then guest servers.
-RUNS="host-server-write_bw:ib_write_bw:-n $BW_ITERS:18700
-host-server-send_lat:ib_send_lat:-n $LAT_ITERS:18701
-guest-server-write_bw:ib_write_bw:-n $BW_ITERS:18710
-guest-server-send_lat:ib_send_lat:-n $LAT_ITERS:18711"
+# Runs, one a line: name:program:flags:TCP port. Host servers first, then guest servers.
+RUNS="" i=0
+for role in host-server guest-server; do
+  for prog in $TESTS; do
+    case $prog in
+      ib_write_bw|ib_send_bw|ib_read_bw|ib_atomic_bw) n=$BW_ITERS ;;
+      ib_write_lat|ib_send_lat|ib_read_lat|ib_atomic_lat) n=$LAT_ITERS ;;
+      *) say "not a perftest RC program: $prog"; exit 2 ;;
+    esac
+    command -v "$prog" >/dev/null || { say "no $prog on the host (Debian package perftest)"; exit 2; }
+    RUNS="$RUNS${RUNS:+
+}$role-${prog#ib_}:$prog:-n $n:$((18700 + i))"
+    i=$((i + 1))
+  done
+done
+[ $i -le 40 ] || { say "at most 20 programs"; exit 2; }
+NRUNS=$i
 
 # Shared by both sides (bash on the host, busybox sh in the guest): run one perftest program
 # and print its output prefixed and a verdict line; a client retries while it never reached
@@ -103,6 +116,8 @@ cat >>"$host_script" <<'EOF'
 export SOFTVERBS_UDP_ADDRS=$HOST_IP:4791 SOFTVERBS_FOREIGN_IPV4_IDENT=1 SOFTVERBS_DEBUG=1
 echo "$RUNS" | while IFS=: read -r name prog args port; do
   [ "$PCAP" = 1 ] && export SOFTVERBS_PCAP=$PWD/host-$name.pcap
+  # ib_write_lat waits on memory, not on a completion: the drop-in's progress threads must spin.
+  case $prog in ib_write_lat) export SOFTVERBS_BUSY_POLL=1 ;; *) unset SOFTVERBS_BUSY_POLL ;; esac
   case $name in
     host-server-*) perf HOST "$name" 0 $prog -d softverbs0 -x 0 -m 1024 -F $args -p $port ;;
     *) until [ -e "$RXE_VM_READY" ]; do sleep 0.1; done
@@ -134,7 +149,7 @@ echo "guest rxe0 counters:"; counters
 exit 0
 EOF
 
-say "running ib_write_bw and ib_send_lat, host server/guest client and guest server/host client"
+say "running $TESTS: host server/guest client, then guest server/host client"
 t0=$(date +%s)
 set +e
 (cd "$OUT" && "$RXE_VM" run --timeout "${RXE_VM_TIMEOUT:-600}" --host-cmd "bash $host_script" \
@@ -148,7 +163,8 @@ tr -d '\r' <"$OUT/rxe.log" >"$OUT/rxe.clean.log"
 # The result row: "#bytes #iterations ..." numbers (bw: BW peak/average MB/s, MsgRate Mpps;
 # lat: t_min t_max t_typical t_avg t_stdev 99% 99.9% usec).
 row() { # log-prefix
-  grep -E "^$1:[[:space:]]+[0-9]+[[:space:]]+[0-9]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+" "$OUT/rxe.clean.log" | tail -1 | sed "s/^$1: *//" || true
+  grep -E "^$1:[[:space:]]+[0-9]+[[:space:]]+[0-9]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+" "$OUT/rxe.clean.log" | tail -1 |
+    sed "s/^$1: *//; s/softverbs-ibverbs: .*//" || true # the drop-in's stderr can share the line
 }
 head_row() { # log-prefix
   grep -E "^$1: +#bytes" "$OUT/rxe.clean.log" | tail -1 | sed "s/^$1: *//" || true
@@ -185,7 +201,7 @@ fail=0
 } >"$OUT/summary.txt"
 cat "$OUT/summary.txt"
 grep -q '^FAIL  ' "$OUT/summary.txt" && fail=1
-if [ $(grep -c '^PASS  ' "$OUT/summary.txt") != 4 ]; then fail=1; fi
+if [ "$(grep -c '^PASS  ' "$OUT/summary.txt")" != "$NRUNS" ]; then fail=1; fi
 if [ "$vm_rc" != 0 ] && [ $fail = 0 ]; then
   say "rxe-vm exited $vm_rc although every run passed"
   fail=1

@@ -3,14 +3,15 @@
 # the drop-in libibverbs.so.1 (softverbs' UDP device at 10.99.0.1:4791, in the rxe-vm namespace),
 # the guest's perftest on rxe0 (10.99.0.2, GID index 1); perftest's own TCP exchange, real RoCEv2.
 #
-#   scripts/rxe-perftest.sh [--out DIR] [--tests "PROG..."] [--bw-iters N] [--lat-iters N] [--no-pcap]
+#   scripts/rxe-perftest.sh [--out DIR] [--tests "PROG..."] [--bw-iters N] [--lat-iters N]
+#                           [--qp-timeout N] [--no-pcap]
 #
 # One VM boot runs, in this order (each program bounded by `timeout`), for each perftest program
 # (default: ib_write_bw ib_send_lat):
 #   host-server-*: the host's program as server, the guest's as client, for each program
 #   guest-server-*: the guest's program as server, the host's as client, for each program
-# Both sides use -m 1024 (rxe0's active MTU; the tap's is 1500) and a TCP port of their own per
-# run. A run passes when both programs exit 0 and the client printed perftest's result row.
+# Both sides use -m 1024 (rxe0's active MTU; the tap's is 1500), -u 18 (QP timeout 1.07 s, see
+# --qp-timeout) and a TCP port of their own per run. A run passes when both programs exit 0 and the client printed perftest's result row.
 #
 #   --out DIR      logs: rxe.log (guest console and [host] lines), rxe-vm.stderr, host-*.log,
 #                  host-*.pcap (the drop-in's capture, SOFTVERBS_PCAP; retransmissions in it are
@@ -18,6 +19,12 @@
 #                  (default target/rxe-perftest)
 #   --tests LIST   the perftest RC programs to run (ib_{write,send,read,atomic}_{bw,lat})
 #   --bw-iters N   -n of the *_bw programs (default 200), --lat-iters N  of the *_lat (default 100)
+#   --qp-timeout N perftest -u on both sides (default 18: 4.096 us * 2^18 = 1.07 s). perftest's
+#                  own default, 14 (67 ms), is shorter than the stalls of a TCG guest on a busy
+#                  host, and rxe (kernel 6.1) then retransmits; one such go-back-N retry of an
+#                  RDMA WRITE already acknowledged in part was seen to resend it shifted by one
+#                  PSN (a zero-length WRITE ONLY first), which the responder must NAK as an
+#                  invalid request: a flaky rxe failure, not an interop one. 14 reproduces it.
 #   --no-pcap      no SOFTVERBS_PCAP capture on the host
 #
 # Needs the drop-in (scripts/build-libibverbs.sh → target/libibverbs; LIBIBVERBS_DIR overrides),
@@ -35,6 +42,7 @@ OUT=$ROOT/target/rxe-perftest
 TESTS="ib_write_bw ib_send_lat"
 BW_ITERS=200
 LAT_ITERS=100
+QP_TIMEOUT=18
 PCAP=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,15 +50,18 @@ while [ $# -gt 0 ]; do
     --tests) TESTS=$2; shift ;;
     --bw-iters) BW_ITERS=$2; shift ;;
     --lat-iters) LAT_ITERS=$2; shift ;;
+    --qp-timeout) QP_TIMEOUT=$2; shift ;;
     --no-pcap) PCAP=0 ;;
-    *) echo "usage: $0 [--out DIR] [--tests \"PROG...\"] [--bw-iters N] [--lat-iters N] [--no-pcap]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--tests \"PROG...\"] [--bw-iters N] [--lat-iters N] [--qp-timeout N] [--no-pcap]" >&2; exit 2 ;;
   esac
   shift
 done
-for n in $BW_ITERS $LAT_ITERS; do
+for n in "$BW_ITERS" "$LAT_ITERS" "$QP_TIMEOUT"; do
   case "$n" in ''|*[!0-9]*) echo "rxe-perftest: not a number: $n" >&2; exit 2 ;; esac
-  [ "$n" -ge 5 ] || { echo "rxe-perftest: perftest needs at least 5 iterations" >&2; exit 2; }
 done
+[ "$BW_ITERS" -ge 5 ] && [ "$LAT_ITERS" -ge 5 ] ||
+  { echo "rxe-perftest: perftest needs at least 5 iterations" >&2; exit 2; }
+[ "$QP_TIMEOUT" -le 31 ] || { echo "rxe-perftest: --qp-timeout is 0..31" >&2; exit 2; }
 say() { printf 'rxe-perftest: %s\n' "$*" >&2; }
 LIB_DIR=${LIBIBVERBS_DIR:-$ROOT/target/libibverbs}
 [ -f "$LIB_DIR/libibverbs.so.1" ] ||
@@ -73,7 +84,7 @@ for role in host-server guest-server; do
     esac
     command -v "$prog" >/dev/null || { say "no $prog on the host (Debian package perftest)"; exit 2; }
     RUNS="$RUNS${RUNS:+
-}$role-${prog#ib_}:$prog:-n $n:$((18700 + i))"
+}$role-${prog#ib_}:$prog:-n $n -u $QP_TIMEOUT:$((18700 + i))"
     i=$((i + 1))
   done
 done
@@ -81,22 +92,26 @@ done
 NRUNS=$i
 
 # Shared by both sides (bash on the host, busybox sh in the guest): run one perftest program
-# and print its output prefixed and a verdict line; a client retries while it never reached
-# perftest's exchange (the server does not listen yet).
+# and print its output prefixed and a verdict line; a client retries while it cannot connect
+# (the server does not listen yet), up to 300 times.
 common=$OUT/common.sh
 cat >"$common" <<EOF
 RUNS='$RUNS'
 T=$T
 EOF
 cat >>"$common" <<'EOF'
+# perftest's stdout is a file: line-buffer it where stdbuf exists (the host), so that a program
+# ended by timeout still shows how far it got.
+LINEBUF=""
+command -v stdbuf >/dev/null 2>&1 && LINEBUF="stdbuf -oL"
 # perf SIDE NAME RETRY PROGRAM ARGS...: output to NAME.out, then "@@<SIDE> NAME PASS|FAIL"
 perf() {
   side=$1 name=$2 retry=$3; shift 3
   try=0
   while :; do
-    timeout "$T" "$@" </dev/null >"$name.out" 2>&1
+    timeout "$T" $LINEBUF "$@" </dev/null >"$name.out" 2>&1
     rc=$?
-    if [ $rc != 0 ] && [ "$retry" = 1 ] && ! grep -q 'local address' "$name.out" && [ $try -lt 300 ]; then
+    if [ $rc != 0 ] && [ "$retry" = 1 ] && grep -q "Couldn't connect" "$name.out" && [ $try -lt 300 ]; then
       try=$((try + 1)); sleep 0.3; continue
     fi
     break

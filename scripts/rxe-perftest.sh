@@ -11,7 +11,8 @@
 #   host-server-*: the host's program as server, the guest's as client, for each program
 #   guest-server-*: the guest's program as server, the host's as client, for each program
 # Both sides use -m 1024 (rxe0's active MTU; the tap's is 1500), -u 18 (QP timeout 1.07 s, see
-# --qp-timeout) and a TCP port of their own per run. A run passes when both programs exit 0 and the client printed perftest's result row.
+# --qp-timeout) and a TCP port of their own per run. A run passes when both programs exit 0 and
+# the client printed perftest's result row.
 #
 #   --out DIR      logs: rxe.log (guest console and [host] lines), rxe-vm.stderr, host-*.log,
 #                  host-*.pcap (the drop-in's capture, SOFTVERBS_PCAP; retransmissions in it are

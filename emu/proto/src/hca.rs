@@ -902,7 +902,8 @@ impl Hca {
             let out = responder::next_packet(qp, &mut ctx, src, buf).or_else(|| {
                 requester::next_packet(qp, &mut ctx, src, buf).map(|l| (l, PacketClass::Request))
             });
-            let fatal = completer::complete_head_errors(qp, &mut ctx) == completer::Disposition::Fatal
+            let fatal = completer::complete_head_errors(qp, &mut ctx)
+                == completer::Disposition::Fatal
                 || std::mem::take(&mut qp.rc.resp_fatal);
             let dst = SocketAddr::new(qp.peer_ip, qp.attr.ah_attr.udp_dport);
             self.after_step(qpn, fatal, out.is_some());

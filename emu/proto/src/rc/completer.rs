@@ -6,6 +6,8 @@ use verbs_api::{
     AccessFlags, AsyncEventKind, EventElement, QpState, SendOp, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use std::time::Duration;
+
 use super::requester::sg_copy;
 use super::{Ctx, ack_timeout, nak_status};
 use crate::memory::MemoryFault;
@@ -26,9 +28,11 @@ pub(crate) enum Disposition {
 pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
     let psn = pkt.bth.psn;
     let rc = &mut qp.rc;
-    // Only PSNs we sent and have not seen acknowledged are interesting (§2.10).
+    // Only PSNs we sent and have not seen acknowledged are interesting (§2.10). "Sent" is up
+    // to the highest PSN ever sent, not up to `req_psn`: after a go-back-N rewind, a late ACK
+    // for a PSN sent before the rewind is genuine and saves resending what it covers.
     let in_window =
-        !psn.is_before(rc.comp_psn.wrapping_add(0xFF_FFFF)) && psn.is_before(rc.req_psn);
+        !psn.is_before(rc.comp_psn.wrapping_add(0xFF_FFFF)) && psn.is_before(rc.sent_high);
     if !in_window {
         rc.stats.count_drop(RxDropCause::StaleResponse);
         return Disposition::Done;
@@ -82,6 +86,12 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
         qp.rc.stats.count_drop(RxDropCause::WrongState);
         Disposition::Done
     };
+    // A late ACK past where the resend after a rewind has got to: resume after what it
+    // acknowledged instead of resending it (§2.8: an ACK covers every earlier PSN). Done once
+    // the WQEs it completed are retired, so the cursor lands in the first one still open.
+    if qp.rc.comp_psn.is_after(qp.rc.req_psn) {
+        rewind(qp);
+    }
     if verdict == Disposition::Done {
         return complete_head_errors(qp, ctx);
     }
@@ -112,12 +122,14 @@ fn ack_through(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn) {
                 progress(qp, ctx, new_comp);
                 qp.rc.started_retry = true;
                 qp.rc.retry_by_timeout = false;
-                rewind(qp);
+                go_back(qp, ctx);
                 return;
             }
             break;
         }
-        if psn.is_before(t.last_psn()) || t.next_pkt < t.npkts {
+        // `psn` is before `sent_high` (the window check), so a WQE it covers was sent whole,
+        // even if a rewind since reset its cursor.
+        if psn.is_before(t.last_psn()) {
             break;
         }
         complete_head(qp, ctx, WcStatus::Success);
@@ -132,6 +144,11 @@ fn progress(qp: &mut Qp, ctx: &mut Ctx<'_>, comp: Psn) {
         return;
     }
     rc.comp_psn = comp;
+    if let Some((_, sent)) = rc.rtt_probe.filter(|(probe, _)| probe.is_before(comp)) {
+        let sample = ctx.now.saturating_duration_since(sent);
+        rc.srtt = Some(rc.srtt.map_or(sample, |s| (s * 7 + sample) / 8));
+        rc.rtt_probe = None;
+    }
     // Progress reloads both retry counters and ends the retry burst (§3.7).
     rc.retry_left = qp.attr.retry_cnt;
     rc.rnr_retry_left = qp.attr.rnr_retry;
@@ -231,13 +248,52 @@ pub(crate) fn rewind(qp: &mut Qp) {
     }
 }
 
-/// A PSN sequence NAK: retry from the NAKed PSN unless a retry burst is already under way.
+/// Go-back-N from `comp_psn` as a new retry round: remembers when and from where, and drops
+/// the pending RTT sample (its ACK would be ambiguous).
+fn go_back(qp: &mut Qp, ctx: &Ctx<'_>) {
+    qp.rc.rewound = Some((ctx.now, qp.rc.comp_psn));
+    qp.rc.rtt_probe = None;
+    rewind(qp);
+}
+
+/// A PSN sequence NAK, for `comp_psn` once its implied ACK was applied: retry from there
+/// unless the NAK is an echo.
 fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     // While an RNR wait runs, no other retry starts (§3.7 "RNR wait").
-    if qp.rc.started_retry || qp.rc.rnr_at.is_some() {
+    if qp.rc.rnr_at.is_some() || nak_is_echo(qp, ctx) {
         return Disposition::Done;
     }
     retry(qp, ctx, false)
+}
+
+/// The shortest time after a rewind within which a NAK for a PSN it resent counts as an echo
+/// (an RTT estimate of zero, as in tests where the wire takes no time, must not make every
+/// echo look like a new loss).
+const MIN_ECHO_GUARD: Duration = Duration::from_micros(1);
+
+/// Whether a sequence NAK for `comp_psn` asks for nothing a retry would add (§3.7 burst
+/// protection, made precise).
+///
+/// rxe ignores every NAK after the one that started a retry until progress or the ACK timeout
+/// (`started_retry`, [S44]), because packets sent before the rewind keep drawing NAKs. That
+/// also ignores the NAK our responder repeats when the resent packet was lost again
+/// (`responder::seq_nak_due`), and it restarts a whole round for a NAK that only names a PSN
+/// the current round already resent (a reordered packet answered late). Instead:
+/// * if the requester is about to send `comp_psn` anyway (`req_psn` is there), the NAK adds
+///   nothing;
+/// * if the current round already resent `comp_psn` less than two smoothed round trips ago,
+///   the resend is still on its way and the NAK was drawn by a packet sent before it (an echo);
+/// * otherwise the resend was lost or never made: go back.
+fn nak_is_echo(qp: &Qp, ctx: &Ctx<'_>) -> bool {
+    let rc = &qp.rc;
+    let q = rc.comp_psn;
+    if !rc.req_psn.is_after(q) {
+        return true;
+    }
+    let guard = (rc.srtt.unwrap_or_default() * 2).max(MIN_ECHO_GUARD);
+    rc.rewound.is_some_and(|(at, from)| {
+        !q.is_before(from) && ctx.now.saturating_duration_since(at) < guard
+    })
 }
 
 /// Starts a retry, or fails the head WQE with RETRY_EXC_ERR when `retry_cnt` is used up.
@@ -257,7 +313,7 @@ fn retry(qp: &mut Qp, ctx: &mut Ctx<'_>, by_timeout: bool) -> Disposition {
     qp.rc.started_retry = !by_timeout;
     qp.rc.retry_by_timeout = by_timeout;
     qp.rc.retransmit_at = None;
-    rewind(qp);
+    go_back(qp, ctx);
     Disposition::Done
 }
 
@@ -290,7 +346,7 @@ pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     if qp.rc.rnr_at.is_some_and(|t| t <= ctx.now) {
         qp.rc.rnr_at = None;
         qp.rc.retry_by_timeout = false;
-        rewind(qp);
+        go_back(qp, ctx);
     }
     if qp.rc.retransmit_at.is_some_and(|t| t <= ctx.now) {
         qp.rc.retransmit_at = None;

@@ -106,6 +106,14 @@ pub(crate) struct RcState {
     pub(crate) sent_high: Psn,
     /// The current retry was started by the local ACK timeout (else by a NAK).
     pub(crate) retry_by_timeout: bool,
+    /// When the last go-back-N round started, and from which PSN: a sequence NAK for a PSN
+    /// that round already resent is trusted only once a round trip has passed since (see
+    /// `completer::nak_is_echo`).
+    pub(crate) rewound: Option<(Instant, Psn)>,
+    /// The first transmission of an AckReq packet whose ACK is awaited for an RTT sample.
+    pub(crate) rtt_probe: Option<(Psn, Instant)>,
+    /// Smoothed round-trip time (7/8 old + 1/8 sample), `None` before the first sample.
+    pub(crate) srtt: Option<Duration>,
     // ---- responder (receive side) ----
     pub(crate) epsn: Psn,
     /// One past the PSN of the last accepted SEND/WRITE/atomic packet (rxe `resp.ack_psn`):
@@ -113,8 +121,13 @@ pub(crate) struct RcState {
     /// re-ACK never carries a READ-response PSN (rc-transport.md §4.5, [S48]).
     pub(crate) ack_psn: Psn,
     pub(crate) msn: u32,
-    /// A PSN sequence NAK was sent for the current gap (§2.6: one per gap).
+    /// A PSN sequence NAK was sent for the current gap (§2.6); see `responder::seq_nak_due`
+    /// for when another one follows.
     pub(crate) seq_nak_sent: bool,
+    /// The PSN of the latest out-of-sequence packet of the current gap.
+    pub(crate) gap_last: Psn,
+    /// Out-of-sequence packets since the last sequence NAK of the current gap.
+    pub(crate) gap_unanswered: u32,
     pub(crate) msg: InMsg,
     /// READ/atomic responder resources, oldest first, at most `max_dest_rd_atomic`.
     pub(crate) resources: VecDeque<Resource>,

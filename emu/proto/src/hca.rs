@@ -979,6 +979,7 @@ impl Hca {
             qp.attr.qp_state = QpState::Err;
             qp.rc.retransmit_at = None;
             qp.rc.rnr_at = None;
+            qp.rc.nak_deferred = None;
         }
         self.flush_qp(qpn);
         self.sync_timer(qpn);

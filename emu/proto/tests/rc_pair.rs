@@ -868,12 +868,12 @@ fn run_with_latency(p: &mut Pair, hop: Duration) -> bool {
 }
 
 /// Issue 19 (lost NAK): the only NAK of a gap is lost. rxe would wait for the ACK timeout;
-/// our responder NAKs again after `SEQ_NAK_REPEAT` (16) more out-of-sequence packets of the
+/// our responder NAKs again after `SEQ_NAK_REPEAT` (32) more out-of-sequence packets of the
 /// same round, and the requester, not in a retry, goes back at once.
 #[test]
 fn lost_sequence_nak_is_repeated_while_the_gap_persists() {
     let mut p = Pair::new();
-    let len = 20 * 256;
+    let len = 40 * 256;
     let r = p.b.at(0, len);
     p.b.post_recv(1, &[r]);
     let (mut data_lost, mut nak_lost) = (false, false);
@@ -893,13 +893,13 @@ fn lost_sequence_nak_is_repeated_while_the_gap_persists() {
     p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
     assert!(p.run_until_idle());
     let naks: Vec<_> = p.seen(Dir::BtoA).into_iter().filter(Seen::is_nak).collect();
-    // The first out-of-sequence packet (P+2) and the 17th (P+18) draw NAKs.
+    // The first out-of-sequence packet (P+2) and the 33rd (P+34) draw NAKs.
     assert_eq!(naks.len(), 2, "{naks:?}");
     let out = p.seen(Dir::AtoB);
     assert!(out.iter().all(|s| s.at == Instant::ZERO), "no timeout");
-    assert_eq!(out.len(), 20 + 19, "one go-back-N round from P+1");
+    assert_eq!(out.len(), 40 + 39, "one go-back-N round from P+1");
     let (a, b) = (p.a.stats(), p.b.stats());
-    assert_eq!((b.seq_naks_sent, b.out_of_seq_request), (2, 18));
+    assert_eq!((b.seq_naks_sent, b.out_of_seq_request), (2, 38));
     assert_eq!((a.rcvd_seq_err, a.timeout_retries), (1, 0));
     assert_eq!(statuses(&p.b.recv_wcs()), [(1, WcStatus::Success)]);
     assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);

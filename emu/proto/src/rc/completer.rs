@@ -13,6 +13,7 @@ use super::{Ctx, ack_timeout, nak_status};
 use crate::memory::MemoryFault;
 use crate::qp::{Qp, SendWqe};
 use crate::stats::RxDropCause;
+use crate::time::Instant;
 use crate::wire::{NakCode, Opcode, PacketRepr, Position, Psn, Syndrome};
 
 /// What the completer asks of the HCA after handling a response.
@@ -260,7 +261,28 @@ fn go_back(qp: &mut Qp, ctx: &Ctx<'_>) {
 /// unless the NAK is an echo.
 fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     // While an RNR wait runs, no other retry starts (§3.7 "RNR wait").
-    if qp.rc.rnr_at.is_some() || nak_is_echo(qp, ctx) {
+    if qp.rc.rnr_at.is_some() {
+        return Disposition::Done;
+    }
+    if let Some(until) = nak_is_echo(qp, ctx) {
+        // Look again once an echo could no longer arrive: if the NAKed PSN is still the
+        // oldest unacknowledged one then, the resend was lost after all.
+        let psn = qp.rc.comp_psn;
+        if qp.rc.nak_deferred.is_none() && until > ctx.now {
+            qp.rc.nak_deferred = Some((psn, until));
+        }
+        return Disposition::Done;
+    }
+    retry(qp, ctx, false)
+}
+
+/// A deferred sequence NAK falls due: retry unless progress was made since.
+fn deferred_nak(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
+    let Some((psn, _)) = qp.rc.nak_deferred.take() else {
+        return Disposition::Done;
+    };
+    let rc = &qp.rc;
+    if psn != rc.comp_psn || !rc.req_psn.is_after(psn) || rc.rnr_at.is_some() {
         return Disposition::Done;
     }
     retry(qp, ctx, false)
@@ -277,23 +299,28 @@ const MIN_ECHO_GUARD: Duration = Duration::from_micros(1);
 /// rxe ignores every NAK after the one that started a retry until progress or the ACK timeout
 /// (`started_retry`, [S44]), because packets sent before the rewind keep drawing NAKs. That
 /// also ignores the NAK our responder repeats when the resent packet was lost again
-/// (`responder::seq_nak_due`), and it restarts a whole round for a NAK that only names a PSN
-/// the current round already resent (a reordered packet answered late). Instead:
+/// (`responder::seq_nak_due`). Instead, with `from` the PSN the current round went back to
+/// and `t` when:
 /// * if the requester is about to send `comp_psn` anyway (`req_psn` is there), the NAK adds
 ///   nothing;
-/// * if the current round already resent `comp_psn` less than two smoothed round trips ago,
-///   the resend is still on its way and the NAK was drawn by a packet sent before it (an echo);
-/// * otherwise the resend was lost or never made: go back.
-fn nak_is_echo(qp: &Qp, ctx: &Ctx<'_>) -> bool {
+/// * a NAK for `from` itself (no progress since) within about a round trip of `t` was drawn
+///   by a packet sent before the rewind: an echo. Later, it means the resend was lost;
+/// * a NAK for a PSN after `from` (the responder got `from`) arriving within half a round
+///   trip of `t` cannot answer a resent packet: it answers an original that arrived after a
+///   reordered one (an echo). Later, a resent packet was lost.
+///
+/// Returns `None` if the NAK must be acted on now, else until when it may be an echo.
+fn nak_is_echo(qp: &Qp, ctx: &Ctx<'_>) -> Option<Instant> {
     let rc = &qp.rc;
     let q = rc.comp_psn;
     if !rc.req_psn.is_after(q) {
-        return true;
+        return Some(ctx.now);
     }
-    let guard = (rc.srtt.unwrap_or_default() * 2).max(MIN_ECHO_GUARD);
-    rc.rewound.is_some_and(|(at, from)| {
-        !q.is_before(from) && ctx.now.saturating_duration_since(at) < guard
-    })
+    let srtt = rc.srtt.unwrap_or_default();
+    let (at, from) = rc.rewound?;
+    let guard = if q == from { srtt * 5 / 4 } else { srtt / 2 };
+    let until = at + guard.max(MIN_ECHO_GUARD);
+    (!q.is_before(from) && ctx.now < until).then_some(until)
 }
 
 /// Starts a retry, or fails the head WQE with RETRY_EXC_ERR when `retry_cnt` is used up.
@@ -341,12 +368,19 @@ pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     if !matches!(qp.state(), QpState::Rts | QpState::Sqd) {
         qp.rc.retransmit_at = None;
         qp.rc.rnr_at = None;
+        qp.rc.nak_deferred = None;
         return Disposition::Done;
     }
     if qp.rc.rnr_at.is_some_and(|t| t <= ctx.now) {
         qp.rc.rnr_at = None;
         qp.rc.retry_by_timeout = false;
         go_back(qp, ctx);
+    }
+    if qp.rc.nak_deferred.is_some_and(|(_, t)| t <= ctx.now) {
+        let d = deferred_nak(qp, ctx);
+        if d != Disposition::Done {
+            return d;
+        }
     }
     if qp.rc.retransmit_at.is_some_and(|t| t <= ctx.now) {
         qp.rc.retransmit_at = None;

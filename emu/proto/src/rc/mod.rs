@@ -110,6 +110,9 @@ pub(crate) struct RcState {
     /// that round already resent is trusted only once a round trip has passed since (see
     /// `completer::nak_is_echo`).
     pub(crate) rewound: Option<(Instant, Psn)>,
+    /// A sequence NAK judged an echo, for this PSN: if no progress was made by the instant
+    /// given, it is acted on then (a misjudged NAK costs a short wait, not the ACK timeout).
+    pub(crate) nak_deferred: Option<(Psn, Instant)>,
     /// The first transmission of an AckReq packet whose ACK is awaited for an RTT sample.
     pub(crate) rtt_probe: Option<(Psn, Instant)>,
     /// Smoothed round-trip time (7/8 old + 1/8 sample), `None` before the first sample.
@@ -146,10 +149,14 @@ pub(crate) struct RcState {
 impl RcState {
     /// The earliest timer deadline.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        match (self.retransmit_at, self.rnr_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.retransmit_at,
+            self.rnr_at,
+            self.nak_deferred.map(|(_, t)| t),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }
 

@@ -101,7 +101,7 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_
 
 /// Out-of-sequence packets of one round that draw one repeated sequence NAK while the gap
 /// persists (see [`seq_nak_due`]).
-pub(crate) const SEQ_NAK_REPEAT: u32 = 16;
+pub(crate) const SEQ_NAK_REPEAT: u32 = 32;
 
 /// Whether an out-of-sequence request at `psn` draws a PSN sequence NAK (rc-transport.md §2.6).
 ///

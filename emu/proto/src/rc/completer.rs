@@ -268,7 +268,7 @@ fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
         // Look again once an echo could no longer arrive: if the NAKed PSN is still the
         // oldest unacknowledged one then, the resend was lost after all.
         let psn = qp.rc.comp_psn;
-        if qp.rc.nak_deferred.is_none() && until > ctx.now {
+        if until > ctx.now && qp.rc.nak_deferred.is_none_or(|(old, _)| old != psn) {
             qp.rc.nak_deferred = Some((psn, until));
         }
         return Disposition::Done;

@@ -2484,11 +2484,12 @@ fn trap_06_duplicate_send_after_read_is_reacked_with_a_request_psn() {
 
 // ---- limits, local errors, bookkeeping ---------------------------------------------------
 
-/// §2.11: at most 128 un-ACKed PSNs per QP (rxe's `RXE_MAX_UNACKED_PSNS`); the requester
-/// resumes as ACKs come back. AckReq is also set inside long messages (every 64th packet,
-/// §2.7).
+/// §2.11: at most 64 un-ACKed PSNs per QP (rxe allows 128 PSNs, `RXE_MAX_UNACKED_PSNS`, and
+/// 64 packets in flight; we use the lower bound as the window, DIVERGENCES.md #18); the
+/// requester resumes as ACKs come back. AckReq is also set inside long messages (every 64th
+/// packet, §2.7).
 #[test]
-fn at_most_128_unacked_psns_then_resume() {
+fn at_most_64_unacked_psns_then_resume() {
     let mut p = Pair::new();
     for id in 0..50 {
         let r = p.b.at(0, 768);
@@ -2508,8 +2509,8 @@ fn at_most_128_unacked_psns_then_resume() {
     p.post_a(&wrs);
     assert!(p.flush());
     let out = p.seen(Dir::AtoB);
-    assert_eq!(out.len(), 128);
-    assert_eq!(out.last().map(|s| s.psn), Some(P + 127));
+    assert_eq!(out.len(), 64);
+    assert_eq!(out.last().map(|s| s.psn), Some(P + 63));
     p.clear_filter();
     p.release_held(false);
     assert!(p.run_until_idle());

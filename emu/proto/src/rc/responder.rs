@@ -230,8 +230,12 @@ fn accept(qp: &mut Qp, ack: bool, psn: Psn) {
     }
     if ack {
         match rc.responses.back_mut() {
-            Some(Response::Ack { psn: queued }) => *queued = psn,
-            _ => rc.responses.push_back(Response::Ack { psn }),
+            Some(Response::Ack { psn: queued, first })
+                if psn.diff(*first) < super::MAX_ACK_COALESCE =>
+            {
+                *queued = psn
+            }
+            _ => rc.responses.push_back(Response::Ack { psn, first: psn }),
         }
     }
 }
@@ -560,8 +564,11 @@ fn duplicate(qp: &mut Qp, pkt: &PacketRepr<'_>) -> Disposition {
         // not a READ-response PSN (§4.5, [S48]).
         let last = rc.ack_psn.wrapping_add(0xFF_FFFF);
         match rc.responses.back_mut() {
-            Some(Response::Ack { psn }) => *psn = last,
-            _ => rc.responses.push_back(Response::Ack { psn: last }),
+            Some(Response::Ack { psn, .. }) => *psn = last,
+            _ => rc.responses.push_back(Response::Ack {
+                psn: last,
+                first: last,
+            }),
         }
         return Disposition::Accepted;
     }
@@ -634,7 +641,7 @@ pub(crate) fn next_packet(
     };
     let aeth = |syndrome: Syndrome| Some(AethRepr { syndrome, msn });
     let result = match resp {
-        Response::Ack { psn } => {
+        Response::Ack { psn, .. } => {
             qp.rc.stats.acks_sent += 1;
             let hdrs = PacketRepr {
                 aeth: aeth(Syndrome::ACK_UNLIMITED),

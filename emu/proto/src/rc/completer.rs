@@ -273,6 +273,20 @@ fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
         }
         return Disposition::Done;
     }
+    nak_go_back(qp, ctx)
+}
+
+/// Starts the retry a sequence NAK asks for. A repeat for the PSN the current round already
+/// went back to (no progress since) is the same retry again: it does not spend `retry_cnt`
+/// and leaves the ACK timer running, so a gap that never closes still ends at the timeout
+/// (§3.7: the budget counts retries of a PSN, and the timer bounds them).
+fn nak_go_back(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
+    let comp = qp.rc.comp_psn;
+    if qp.rc.rewound.is_some_and(|(_, from)| from == comp) && !qp.rc.retry_by_timeout {
+        qp.rc.started_retry = true;
+        go_back(qp, ctx);
+        return Disposition::Done;
+    }
     retry(qp, ctx, false)
 }
 
@@ -285,7 +299,7 @@ fn deferred_nak(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     if psn != rc.comp_psn || !rc.req_psn.is_after(psn) || rc.rnr_at.is_some() {
         return Disposition::Done;
     }
-    retry(qp, ctx, false)
+    nak_go_back(qp, ctx)
 }
 
 /// The shortest time after a rewind within which a NAK for a PSN it resent counts as an echo

@@ -1103,13 +1103,15 @@ impl Hca {
     ///
     /// Contract: two HCAs whose encodings at their own `now` are equal behave the same under
     /// the same later inputs, with time measured from `now`. To that end the encoding rebases
-    /// every timer deadline to `deadline − now` (behaviour depends on time differences only),
-    /// and leaves out the counters ([`Stats`]) and the IPv4-ident cache, which never steer
+    /// every timer deadline to `deadline − now` and every remembered past instant (the last
+    /// go-back-N rewind, an RTT probe) to its age `now − instant` (behaviour depends on time
+    /// differences only), and leaves out the counters ([`Stats`]) and the IPv4-ident cache, which never steer
     /// the engine. It has no pointers. A deadline field added later that is not rebased here
     /// only makes fewer states compare equal (less reduction), never wrong merges.
     #[doc(hidden)]
     pub fn canonical_state(&self, now: Instant) -> String {
         let rebase = |t: Instant| Instant::from_nanos(saturating_nanos(t, now));
+        let age = |t: Instant| Instant::from_nanos(saturating_nanos(now, t));
         let mut c = self.clone();
         c.stats = Stats::default();
         c.ident_bases.clear();
@@ -1120,6 +1122,10 @@ impl Hca {
                 qp.rc.retransmit_at = qp.rc.retransmit_at.map(rebase);
                 qp.rc.rnr_at = qp.rc.rnr_at.map(rebase);
                 qp.rc.timer_key = qp.rc.timer_key.map(rebase);
+                qp.rc.nak_deferred = qp.rc.nak_deferred.map(|(psn, t)| (psn, rebase(t)));
+                // Instants in the past, kept as their age.
+                qp.rc.rewound = qp.rc.rewound.map(|(t, psn)| (age(t), psn));
+                qp.rc.rtt_probe = qp.rc.rtt_probe.map(|(psn, t)| (psn, age(t)));
             }
         }
         format!("{c:?}")
@@ -1168,6 +1174,7 @@ impl Hca {
             qp.attr.qp_state = QpState::Err;
             qp.rc.retransmit_at = None;
             qp.rc.rnr_at = None;
+            qp.rc.nak_deferred = None;
         }
         self.flush_qp(qpn);
         self.sync_timer(qpn);

@@ -6,11 +6,14 @@ use verbs_api::{
     AccessFlags, AsyncEventKind, EventElement, QpState, SendOp, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use std::time::Duration;
+
 use super::requester::sg_copy;
 use super::{Ctx, ack_timeout, nak_status};
 use crate::memory::MemoryFault;
 use crate::qp::{Qp, SendWqe};
 use crate::stats::RxDropCause;
+use crate::time::Instant;
 use crate::wire::{NakCode, Opcode, PacketRepr, Position, Psn, Syndrome};
 
 /// What the completer asks of the HCA after handling a response.
@@ -26,9 +29,11 @@ pub(crate) enum Disposition {
 pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
     let psn = pkt.bth.psn;
     let rc = &mut qp.rc;
-    // Only PSNs we sent and have not seen acknowledged are interesting (§2.10).
+    // Only PSNs we sent and have not seen acknowledged are interesting (§2.10). "Sent" is up
+    // to the highest PSN ever sent, not up to `req_psn`: after a go-back-N rewind, a late ACK
+    // for a PSN sent before the rewind is genuine and saves resending what it covers.
     let in_window =
-        !psn.is_before(rc.comp_psn.wrapping_add(0xFF_FFFF)) && psn.is_before(rc.req_psn);
+        !psn.is_before(rc.comp_psn.wrapping_add(0xFF_FFFF)) && psn.is_before(rc.sent_high);
     if !in_window {
         rc.stats.count_drop(RxDropCause::StaleResponse);
         return Disposition::Done;
@@ -82,6 +87,12 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
         qp.rc.stats.count_drop(RxDropCause::WrongState);
         Disposition::Done
     };
+    // A late ACK past where the resend after a rewind has got to: resume after what it
+    // acknowledged instead of resending it (§2.8: an ACK covers every earlier PSN). Done once
+    // the WQEs it completed are retired, so the cursor lands in the first one still open.
+    if qp.rc.comp_psn.is_after(qp.rc.req_psn) {
+        rewind(qp);
+    }
     if verdict == Disposition::Done {
         return complete_head_errors(qp, ctx);
     }
@@ -112,12 +123,14 @@ fn ack_through(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn) {
                 progress(qp, ctx, new_comp);
                 qp.rc.started_retry = true;
                 qp.rc.retry_by_timeout = false;
-                rewind(qp);
+                go_back(qp, ctx);
                 return;
             }
             break;
         }
-        if psn.is_before(t.last_psn()) || t.next_pkt < t.npkts {
+        // `psn` is before `sent_high` (the window check), so a WQE it covers was sent whole,
+        // even if a rewind since reset its cursor.
+        if psn.is_before(t.last_psn()) {
             break;
         }
         complete_head(qp, ctx, WcStatus::Success);
@@ -132,6 +145,11 @@ fn progress(qp: &mut Qp, ctx: &mut Ctx<'_>, comp: Psn) {
         return;
     }
     rc.comp_psn = comp;
+    if let Some((_, sent)) = rc.rtt_probe.filter(|(probe, _)| probe.is_before(comp)) {
+        let sample = ctx.now.saturating_duration_since(sent);
+        rc.srtt = Some(rc.srtt.map_or(sample, |s| (s * 7 + sample) / 8));
+        rc.rtt_probe = None;
+    }
     // Progress reloads both retry counters and ends the retry burst (§3.7).
     rc.retry_left = qp.attr.retry_cnt;
     rc.rnr_retry_left = qp.attr.rnr_retry;
@@ -231,13 +249,92 @@ pub(crate) fn rewind(qp: &mut Qp) {
     }
 }
 
-/// A PSN sequence NAK: retry from the NAKed PSN unless a retry burst is already under way.
+/// Go-back-N from `comp_psn` as a new retry round: remembers when and from where, and drops
+/// the pending RTT sample (its ACK would be ambiguous).
+fn go_back(qp: &mut Qp, ctx: &Ctx<'_>) {
+    qp.rc.rewound = Some((ctx.now, qp.rc.comp_psn));
+    qp.rc.rtt_probe = None;
+    rewind(qp);
+}
+
+/// A PSN sequence NAK, for `comp_psn` once its implied ACK was applied: retry from there
+/// unless the NAK is an echo.
 fn nak_retry(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     // While an RNR wait runs, no other retry starts (§3.7 "RNR wait").
-    if qp.rc.started_retry || qp.rc.rnr_at.is_some() {
+    if qp.rc.rnr_at.is_some() {
+        return Disposition::Done;
+    }
+    if let Some(until) = nak_is_echo(qp, ctx) {
+        // Look again once an echo could no longer arrive: if the NAKed PSN is still the
+        // oldest unacknowledged one then, the resend was lost after all.
+        let psn = qp.rc.comp_psn;
+        if until > ctx.now && qp.rc.nak_deferred.is_none_or(|(old, _)| old != psn) {
+            qp.rc.nak_deferred = Some((psn, until));
+        }
+        return Disposition::Done;
+    }
+    nak_go_back(qp, ctx)
+}
+
+/// Starts the retry a sequence NAK asks for. A repeat for the PSN the current round already
+/// went back to (no progress since) is the same retry again: it does not spend `retry_cnt`
+/// and leaves the ACK timer running, so a gap that never closes still ends at the timeout
+/// (§3.7: the budget counts retries of a PSN, and the timer bounds them).
+fn nak_go_back(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
+    let comp = qp.rc.comp_psn;
+    if qp.rc.rewound.is_some_and(|(_, from)| from == comp) && !qp.rc.retry_by_timeout {
+        qp.rc.started_retry = true;
+        go_back(qp, ctx);
         return Disposition::Done;
     }
     retry(qp, ctx, false)
+}
+
+/// A deferred sequence NAK falls due: retry unless progress was made since.
+fn deferred_nak(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
+    let Some((psn, _)) = qp.rc.nak_deferred.take() else {
+        return Disposition::Done;
+    };
+    let rc = &qp.rc;
+    if psn != rc.comp_psn || !rc.req_psn.is_after(psn) || rc.rnr_at.is_some() {
+        return Disposition::Done;
+    }
+    nak_go_back(qp, ctx)
+}
+
+/// The shortest time after a rewind within which a NAK for a PSN it resent counts as an echo
+/// (an RTT estimate of zero, as in tests where the wire takes no time, must not make every
+/// echo look like a new loss).
+const MIN_ECHO_GUARD: Duration = Duration::from_micros(1);
+
+/// Whether a sequence NAK for `comp_psn` asks for nothing a retry would add (§3.7 burst
+/// protection, made precise).
+///
+/// rxe ignores every NAK after the one that started a retry until progress or the ACK timeout
+/// (`started_retry`, [S44]), because packets sent before the rewind keep drawing NAKs. That
+/// also ignores the NAK our responder repeats when the resent packet was lost again
+/// (`responder::seq_nak_due`). Instead, with `from` the PSN the current round went back to
+/// and `t` when:
+/// * if the requester is about to send `comp_psn` anyway (`req_psn` is there), the NAK adds
+///   nothing;
+/// * a NAK for `from` itself (no progress since) within about a round trip of `t` was drawn
+///   by a packet sent before the rewind: an echo. Later, it means the resend was lost;
+/// * a NAK for a PSN after `from` (the responder got `from`) arriving within half a round
+///   trip of `t` cannot answer a resent packet: it answers an original that arrived after a
+///   reordered one (an echo). Later, a resent packet was lost.
+///
+/// Returns `None` if the NAK must be acted on now, else until when it may be an echo.
+fn nak_is_echo(qp: &Qp, ctx: &Ctx<'_>) -> Option<Instant> {
+    let rc = &qp.rc;
+    let q = rc.comp_psn;
+    if !rc.req_psn.is_after(q) {
+        return Some(ctx.now);
+    }
+    let srtt = rc.srtt.unwrap_or_default();
+    let (at, from) = rc.rewound?;
+    let guard = if q == from { srtt * 5 / 4 } else { srtt / 2 };
+    let until = at + guard.max(MIN_ECHO_GUARD);
+    (!q.is_before(from) && ctx.now < until).then_some(until)
 }
 
 /// Starts a retry, or fails the head WQE with RETRY_EXC_ERR when `retry_cnt` is used up.
@@ -257,7 +354,7 @@ fn retry(qp: &mut Qp, ctx: &mut Ctx<'_>, by_timeout: bool) -> Disposition {
     qp.rc.started_retry = !by_timeout;
     qp.rc.retry_by_timeout = by_timeout;
     qp.rc.retransmit_at = None;
-    rewind(qp);
+    go_back(qp, ctx);
     Disposition::Done
 }
 
@@ -285,12 +382,19 @@ pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     if !matches!(qp.state(), QpState::Rts | QpState::Sqd) {
         qp.rc.retransmit_at = None;
         qp.rc.rnr_at = None;
+        qp.rc.nak_deferred = None;
         return Disposition::Done;
     }
     if qp.rc.rnr_at.is_some_and(|t| t <= ctx.now) {
         qp.rc.rnr_at = None;
         qp.rc.retry_by_timeout = false;
-        rewind(qp);
+        go_back(qp, ctx);
+    }
+    if qp.rc.nak_deferred.is_some_and(|(_, t)| t <= ctx.now) {
+        let d = deferred_nak(qp, ctx);
+        if d != Disposition::Done {
+            return d;
+        }
     }
     if qp.rc.retransmit_at.is_some_and(|t| t <= ctx.now) {
         qp.rc.retransmit_at = None;

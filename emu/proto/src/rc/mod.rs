@@ -30,9 +30,16 @@ use crate::wire::{NakCode, Psn};
 pub(crate) use tx::MAX_PACKET_LEN;
 pub use tx::PacketClass;
 
-/// At most this many un-ACKed PSNs per QP, as rxe (`RXE_MAX_UNACKED_PSNS`, rc-transport.md
-/// §2.11); bounds the retransmission work and the peer's receive buffer.
-pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
+/// At most this many un-ACKed PSNs per QP: the requester's window (rc-transport.md §2.11).
+/// rxe allows 128 un-ACKed PSNs and 64 packets in flight; we take 64, because a go-back-N
+/// round resends about a window per loss (issue 19: at 1 % loss 128 costs ~1.8× the packets,
+/// 64 ~1.4×) while 64 × 4 KiB still covers a loopback or LAN path (DIVERGENCES.md #20).
+pub(crate) const MAX_UNACKED_PSNS: i32 = 64;
+
+/// One queued ACK answers AckReq packets spanning at most this many PSNs; the next one gets
+/// its own ACK. A responder that takes a whole window in one pass would otherwise answer it
+/// with one ACK, whose loss stalls a window-limited requester until its ACK timeout (issue 19).
+pub(crate) const MAX_ACK_COALESCE: i32 = 32;
 
 /// Set AckReq at least every this many packets inside long messages (rxe: 64, §2.7).
 pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
@@ -106,6 +113,17 @@ pub(crate) struct RcState {
     pub(crate) sent_high: Psn,
     /// The current retry was started by the local ACK timeout (else by a NAK).
     pub(crate) retry_by_timeout: bool,
+    /// When the last go-back-N round started, and from which PSN: a sequence NAK for a PSN
+    /// that round already resent is trusted only once a round trip has passed since (see
+    /// `completer::nak_is_echo`).
+    pub(crate) rewound: Option<(Instant, Psn)>,
+    /// A sequence NAK judged an echo, for this PSN: if no progress was made by the instant
+    /// given, it is acted on then (a misjudged NAK costs a short wait, not the ACK timeout).
+    pub(crate) nak_deferred: Option<(Psn, Instant)>,
+    /// The first transmission of an AckReq packet whose ACK is awaited for an RTT sample.
+    pub(crate) rtt_probe: Option<(Psn, Instant)>,
+    /// Smoothed round-trip time (7/8 old + 1/8 sample), `None` before the first sample.
+    pub(crate) srtt: Option<Duration>,
     // ---- responder (receive side) ----
     pub(crate) epsn: Psn,
     /// One past the PSN of the last accepted SEND/WRITE/atomic packet (rxe `resp.ack_psn`):
@@ -113,8 +131,13 @@ pub(crate) struct RcState {
     /// re-ACK never carries a READ-response PSN (rc-transport.md §4.5, [S48]).
     pub(crate) ack_psn: Psn,
     pub(crate) msn: u32,
-    /// A PSN sequence NAK was sent for the current gap (§2.6: one per gap).
+    /// A PSN sequence NAK was sent for the current gap (§2.6); see `responder::seq_nak_due`
+    /// for when another one follows.
     pub(crate) seq_nak_sent: bool,
+    /// The PSN of the latest out-of-sequence packet of the current gap.
+    pub(crate) gap_last: Psn,
+    /// Out-of-sequence packets since the last sequence NAK of the current gap.
+    pub(crate) gap_unanswered: u32,
     pub(crate) msg: InMsg,
     /// READ/atomic responder resources, oldest first, at most `max_dest_rd_atomic`.
     pub(crate) resources: VecDeque<Resource>,
@@ -133,10 +156,14 @@ pub(crate) struct RcState {
 impl RcState {
     /// The earliest timer deadline.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        match (self.retransmit_at, self.rnr_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.retransmit_at,
+            self.rnr_at,
+            self.nak_deferred.map(|(_, t)| t),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }
 
@@ -179,8 +206,9 @@ pub(crate) enum ResourceKind {
 /// A response the responder owes the requester, sent in order.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Response {
-    /// ACK for `psn`.
-    Ack { psn: Psn },
+    /// ACK for `psn`; `first` is the PSN of the oldest AckReq packet it answers (coalescing
+    /// stops at [`MAX_ACK_COALESCE`] PSNs).
+    Ack { psn: Psn, first: Psn },
     /// NAK (sequence, invalid request, remote access, remote operational) for `psn`.
     Nak { psn: Psn, code: NakCode },
     /// RNR NAK for `psn` carrying our `min_rnr_timer`.

@@ -222,7 +222,7 @@ fn build(
         ack_req,
         psn,
     };
-    let (len, next_pkt, payload) = match wqe.op {
+    let (len, next_pkt, payload, ack_req) = match wqe.op {
         SendOp::RdmaRead { remote_addr, rkey } => {
             let skip = u64::from(i) * u64::from(mtu);
             let reth = RethRepr {
@@ -235,7 +235,7 @@ fn build(
                 ..PacketRepr::new(bth(Opcode::RdmaReadRequest, true, false), &[])
             };
             let len = tx::emit(&hdrs, 0, &ip, buf, |_| Ok(()))?;
-            (len, t.npkts, 0)
+            (len, t.npkts, 0, true)
         }
         SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. } => {
             let (opcode, atomic) = match wqe.op {
@@ -272,7 +272,7 @@ fn build(
                 atomic_eth: Some(atomic),
                 ..PacketRepr::new(bth(opcode, true, false), &[])
             };
-            (tx::emit(&hdrs, 0, &ip, buf, |_| Ok(()))?, 1, 0)
+            (tx::emit(&hdrs, 0, &ip, buf, |_| Ok(()))?, 1, 0, true)
         }
         op => {
             let offset = u64::from(i) * u64::from(mtu);
@@ -314,7 +314,7 @@ fn build(
                     gather(ctx, &wqe.sges, offset, out)
                 }
             })?;
-            (len, i + 1, n)
+            (len, i + 1, n, ack_req)
         }
     };
     // Commit.
@@ -335,6 +335,11 @@ fn build(
     }
     rc.stats.sent_pkts += 1;
     rc.stats.sent_bytes += payload as u64;
+    // One RTT sample at a time, from a first transmission that asks for an ACK (Karn: never
+    // from a retransmission, whose ACK is ambiguous).
+    if !retransmit && ack_req && rc.rtt_probe.is_none() {
+        rc.rtt_probe = Some((psn, ctx.now));
+    }
     if retransmit {
         if rc.retry_by_timeout {
             rc.stats.retransmits_timeout += 1;

@@ -64,8 +64,7 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_
     let d = psn.diff(qp.rc.epsn);
     if d > 0 {
         qp.rc.stats.count_drop(RxDropCause::OutOfSequence);
-        if !qp.rc.seq_nak_sent {
-            qp.rc.seq_nak_sent = true;
+        if seq_nak_due(&mut qp.rc, psn) {
             qp.rc.stats.seq_naks_sent += 1;
             let epsn = qp.rc.epsn;
             qp.rc.responses.push_back(Response::Nak {
@@ -98,6 +97,37 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_
             Disposition::Fatal
         }
     }
+}
+
+/// Out-of-sequence packets of one round that draw one repeated sequence NAK while the gap
+/// persists (see [`seq_nak_due`]).
+pub(crate) const SEQ_NAK_REPEAT: u32 = 32;
+
+/// Whether an out-of-sequence request at `psn` draws a PSN sequence NAK (rc-transport.md §2.6).
+///
+/// rxe NAKs the first out-of-sequence packet of a gap and then stays silent until an in-order
+/// packet arrives, so a lost NAK or a lost first retransmission leaves the requester to its
+/// ACK timeout. We NAK the first one too, and NAK again while the gap persists:
+/// * when a packet does not follow the previous out-of-sequence one (its PSN is not after
+///   it): the requester went back (a new go-back-N round), and the PSN we expect was lost
+///   again;
+/// * after every [`SEQ_NAK_REPEAT`] further out-of-sequence packets of the same round: the
+///   requester keeps sending past the gap, so our NAK was lost.
+///
+/// Every NAK carries the same ePSN, so a repeat only ever asks again for what the first asked
+/// for (§2.9); the requester decides whether it starts another retry (§3.7 burst protection,
+/// `completer::nak_retry`). DIVERGENCES.md #19.
+fn seq_nak_due(rc: &mut super::RcState, psn: Psn) -> bool {
+    let due = if !rc.seq_nak_sent || !psn.is_after(rc.gap_last) {
+        rc.gap_unanswered = 0;
+        true
+    } else {
+        rc.gap_unanswered += 1;
+        rc.gap_unanswered % SEQ_NAK_REPEAT == 0
+    };
+    rc.seq_nak_sent = true;
+    rc.gap_last = psn;
+    due
 }
 
 fn recv_error(qp: &Qp, wqe: &RecvWqe, status: WcStatus) -> WorkCompletion {
@@ -200,8 +230,12 @@ fn accept(qp: &mut Qp, ack: bool, psn: Psn) {
     }
     if ack {
         match rc.responses.back_mut() {
-            Some(Response::Ack { psn: queued }) => *queued = psn,
-            _ => rc.responses.push_back(Response::Ack { psn }),
+            Some(Response::Ack { psn: queued, first })
+                if psn.diff(*first) < super::MAX_ACK_COALESCE =>
+            {
+                *queued = psn
+            }
+            _ => rc.responses.push_back(Response::Ack { psn, first: psn }),
         }
     }
 }
@@ -530,8 +564,11 @@ fn duplicate(qp: &mut Qp, pkt: &PacketRepr<'_>) -> Disposition {
         // not a READ-response PSN (§4.5, [S48]).
         let last = rc.ack_psn.wrapping_add(0xFF_FFFF);
         match rc.responses.back_mut() {
-            Some(Response::Ack { psn }) => *psn = last,
-            _ => rc.responses.push_back(Response::Ack { psn: last }),
+            Some(Response::Ack { psn, .. }) => *psn = last,
+            _ => rc.responses.push_back(Response::Ack {
+                psn: last,
+                first: last,
+            }),
         }
         return Disposition::Accepted;
     }
@@ -604,7 +641,7 @@ pub(crate) fn next_packet(
     };
     let aeth = |syndrome: Syndrome| Some(AethRepr { syndrome, msn });
     let result = match resp {
-        Response::Ack { psn } => {
+        Response::Ack { psn, .. } => {
             qp.rc.stats.acks_sent += 1;
             let hdrs = PacketRepr {
                 aeth: aeth(Syndrome::ACK_UNLIMITED),

@@ -26,6 +26,7 @@ use verbs_api::{
 
 pub mod icrc_check;
 pub mod pingpong;
+mod pingpong_shared;
 pub mod rdma_check;
 pub mod ud_pingpong;
 pub mod wire;

@@ -6,25 +6,25 @@
 //! first), sends carry the `size` bytes after the first 40. The message must fit the port's
 //! active MTU. The QP goes RESET → INIT (P_Key index 0, port, Q_Key) → RTR → RTS (SQ PSN); the
 //! peer is reached through an address handle built from its GID (hop limit 1). The ping-pong
-//! loop is `ibv_rc_pingpong`'s ([`super::pingpong`]); every receive must carry `size + 40`
-//! bytes with `IBV_WC_GRH`. Written from the protocol's description, not from rdma-core's
-//! source.
+//! loop is `ibv_rc_pingpong`'s (shared with `softverbs pingpong`); every receive must carry
+//! `size + 40` bytes with `IBV_WC_GRH`. Written from the protocol's description, not from
+//! rdma-core's source.
 
 use verbs_api::dynamic::{AnyContext, AnyQp};
 use verbs_api::{
-    AccessFlags, AddressHandle, AhAttr, Context, GRH_LEN, MemoryRegion, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QueuePair, RecvWr, SendOp, SendWr, UdDest, WcFlags, WcOpcode, WcStatus,
+    AccessFlags, AddressHandle, AhAttr, Context, GRH_LEN, MemoryRegion, QpAttr, QpAttrMask,
+    QpInitAttr, QpState, QueuePair, RecvWr, SendOp, SendWr, UdDest, WcFlags, WcOpcode,
+    WorkCompletion,
 };
 
-use super::wire::{self, DONE, PpDest};
-use super::{Context2, DeviceArgs, InteropError, Result, TimeArgs, Waiter, udp_report};
+use super::pingpong_shared::{
+    PingPong, RECV_WRID, SEND_WRID, cq_and_channel, exchange, exit_code, on_device, qp_cap,
+};
+use super::wire::PpDest;
+use super::{Context2, DeviceArgs, InteropError, Result, TimeArgs};
 
 /// The Q_Key both sides use.
 pub const UD_QKEY: u32 = 0x1111_1111;
-/// wr_id of every receive WR.
-const RECV_WRID: u64 = 1;
-/// wr_id of every send WR.
-const SEND_WRID: u64 = 2;
 
 /// `softverbs ud-pingpong`: the flags of ibv_ud_pingpong that mean something here, plus the
 /// device selection of [`DeviceArgs`] and a time bound.
@@ -62,28 +62,10 @@ pub struct UdPingpongArgs {
 /// Runs `softverbs ud-pingpong`; prints what ibv_ud_pingpong prints. Exit code 0 on success, 1
 /// on any failure (bad completion, timeout, malformed peer message, size above the MTU).
 pub fn run(args: &UdPingpongArgs) -> u8 {
-    match ud_pingpong(args) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("softverbs ud-pingpong: {e}");
-            1
-        }
-    }
-}
-
-fn ud_pingpong(args: &UdPingpongArgs) -> Result<()> {
-    let ctx = args.device.open()?;
-    let result = ud_pingpong_on(&ctx, args);
-    let result = result.and(args.device.finish(&ctx));
-    if let Some((report, icrc_errors)) = udp_report(&ctx) {
-        eprintln!("{report}");
-        if result.is_ok() && icrc_errors != 0 {
-            return Err(InteropError::new(format!(
-                "{icrc_errors} packet(s) dropped for a bad ICRC"
-            )));
-        }
-    }
-    result
+    exit_code(
+        "ud-pingpong",
+        on_device(&args.device, |ctx| ud_pingpong_on(ctx, args)),
+    )
 }
 
 /// The UD attributes of `state` on `port` (Q_Key [`UD_QKEY`], first PSN `psn`).
@@ -120,21 +102,9 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
     let pd = ctx.alloc_pd()?;
     let mr = ctx.alloc_mr(&pd, size + GRH_LEN, AccessFlags::LOCAL_WRITE)?;
     mr.write(0, &vec![0x7b; size + GRH_LEN])?;
-    let channel = if args.events {
-        Some(ctx.create_comp_channel()?)
-    } else {
-        None
-    };
-    let cq = ctx.create_cq(args.rx_depth + 1, channel.as_ref())?;
-    let cap = QpCap {
-        max_send_wr: 1,
-        max_recv_wr: args.rx_depth,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let (cq, channel) = cq_and_channel(ctx, args.rx_depth, args.events)?;
     let qp = ctx
-        .create_qp(&pd, &cq, &cq, None, &QpInitAttr::ud(cap))
+        .create_qp(&pd, &cq, &cq, None, &QpInitAttr::ud(qp_cap(args.rx_depth)))
         .during("create UD QP")?;
     let psn = super::random_psn();
     use QpAttrMask as M;
@@ -153,7 +123,7 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
         }
         Ok(n)
     };
-    let mut routs = post_recvs(args.rx_depth)?;
+    let routs = post_recvs(args.rx_depth)?;
 
     let me = PpDest {
         lid: 0,
@@ -161,26 +131,9 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
         psn,
         gid,
     };
-    println!("  local address:  {}", me.describe());
-    let peer = match &args.host {
-        Some(host) => {
-            let mut stream = super::tcp_client(host, args.port, &args.time)?;
-            wire::write_msg(&mut stream, &me.encode(), "our address message")?;
-            let peer = wire::read_dest(&mut stream)?;
-            wire::write_msg(&mut stream, DONE, "\"done\"")?;
-            to_rts(&qp, port, psn)?;
-            peer
-        }
-        None => {
-            let mut stream = super::tcp_server(args.port, &args.time)?;
-            let peer = wire::read_dest(&mut stream)?;
-            to_rts(&qp, port, psn)?;
-            wire::write_msg(&mut stream, &me.encode(), "our address message")?;
-            wire::read_done(&mut stream)?;
-            peer
-        }
-    };
-    println!("  remote address: {}", peer.describe());
+    let peer = exchange(args.host.as_deref(), args.port, &args.time, &me, |_| {
+        to_rts(&qp, port, psn)
+    })?;
     if peer.gid.is_zero() {
         return Err(InteropError::new(
             "the peer sent GID 0 (LID addressing); RoCE needs a GID: run the peer with -g",
@@ -205,78 +158,32 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
         remote_qkey: UD_QKEY,
     };
 
-    let start = std::time::Instant::now();
     let send = || -> Result<()> {
         qp.post_send(&[SendWr::new(SEND_WRID, SendOp::Send, &send_sge).with_ud(dest)])
             .during("post_send")
     };
-    let mut pending = RECV_WRID;
-    if args.host.is_some() {
-        send()?;
-        pending |= SEND_WRID;
-    }
-    let (mut scnt, mut rcnt) = (0u32, 0u32);
-    let mut waiter = Waiter::new(cq.clone(), channel, args.time.io())?;
-    let iters = args.iters;
-    while scnt < iters || rcnt < iters {
-        let wcs = waiter
-            .next(&|| {
-                format!(
-                    "iteration {} (sent {scnt}, received {rcnt})",
-                    scnt.min(rcnt)
-                )
-            })?
-            .to_vec();
-        for wc in wcs {
-            if wc.status != WcStatus::Success {
-                return Err(InteropError::new(format!(
-                    "failed status {:?} ({}) for wr_id {} after {scnt} sends, {rcnt} receives",
-                    wc.status, wc.status as u32, wc.wr_id
-                )));
-            }
-            match wc.wr_id {
-                SEND_WRID => scnt += 1,
-                RECV_WRID => {
-                    let want = args.size + GRH_LEN as u32;
-                    if wc.opcode != WcOpcode::Recv
-                        || wc.byte_len != want
-                        || !wc.wc_flags.contains(WcFlags::GRH)
-                    {
-                        return Err(InteropError::new(format!(
-                            "receive {rcnt}: opcode {:?}, {} bytes, flags {:?}; expected a \
-                             SEND of {want} bytes (GRH included) with IBV_WC_GRH",
-                            wc.opcode, wc.byte_len, wc.wc_flags
-                        )));
-                    }
-                    routs = routs.saturating_sub(1);
-                    if routs <= 1 {
-                        routs += post_recvs(args.rx_depth - routs)?;
-                    }
-                    rcnt += 1;
-                }
-                other => {
-                    return Err(InteropError::new(format!(
-                        "completion for unknown wr_id {other}"
-                    )));
-                }
-            }
-            pending &= !wc.wr_id;
-            if scnt < iters && pending == 0 {
-                send()?;
-                pending = RECV_WRID | SEND_WRID;
-            }
+    let check_recv = |wc: &WorkCompletion, rcnt: u32| -> Result<()> {
+        let want = args.size + GRH_LEN as u32;
+        if wc.opcode != WcOpcode::Recv || wc.byte_len != want || !wc.wc_flags.contains(WcFlags::GRH)
+        {
+            return Err(InteropError::new(format!(
+                "receive {rcnt}: opcode {:?}, {} bytes, flags {:?}; expected a SEND of {want} \
+                 bytes (GRH included) with IBV_WC_GRH",
+                wc.opcode, wc.byte_len, wc.wc_flags
+            )));
         }
+        Ok(())
+    };
+    PingPong {
+        iters: args.iters,
+        size: args.size,
+        rx_depth: args.rx_depth,
+        routs,
+        client: args.host.is_some(),
+        vendor_err: false,
+        send: &send,
+        post_recvs: &post_recvs,
+        check_recv: &check_recv,
     }
-    let secs = start.elapsed().as_secs_f64().max(1e-9);
-    let usec = secs * 1e6;
-    let bytes = u64::from(args.size) * u64::from(iters) * 2;
-    println!(
-        "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{iters} iters in {secs:.2} seconds = {:.2} usec/iter",
-        usec / f64::from(iters)
-    );
-    Ok(())
+    .run(cq.clone(), channel, args.time.io())
 }

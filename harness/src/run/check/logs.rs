@@ -259,23 +259,9 @@ mod tests {
     const RETRY_EXC: u32 = super::super::RETRY_EXC;
     const REM_ACCESS: u32 = 10;
 
-    /// A two-node `mixed` run that did one of everything on each link, and drained.
-    fn busy() -> Fixture {
-        let mut fx = Fixture::new(2, Workload::Mixed);
-        for (i, j) in [(0, 1), (1, 0)] {
-            fx.write(i, j);
-            fx.send(i, j, 7);
-            fx.read(i, j, 0);
-            fx.faa(i, j);
-            fx.fin(i, j);
-        }
-        fx.end_all();
-        fx
-    }
-
     #[test]
     fn counts_ops_and_statuses_per_node() {
-        let mut fx = busy();
+        let mut fx = Fixture::busy(0);
         fx.fail(0, 1, OpKind::Write, RETRY_EXC);
         let counts = log_counts(&fx.input(), 0);
         // WRITE, SEND, READ, FETCH_ADD succeeded; the fin word is not an op.
@@ -290,7 +276,7 @@ mod tests {
 
     #[test]
     fn log_integrity_holds_for_whole_logs_and_a_killed_nodes_cut_line() {
-        let mut fx = busy();
+        let mut fx = Fixture::busy(0);
         fx.log(1).truncated_tail = true;
         fx.fact(1).killed_at = Some(fx.now);
         let inv = log_integrity(&fx.input());
@@ -318,7 +304,7 @@ mod tests {
 
     #[test]
     fn completion_order_holds_for_wr_ids_in_order_and_complete() {
-        let fx = busy();
+        let fx = Fixture::busy(0);
         let inv = completion_order(&fx.input());
         assert!(inv.passed(), "{inv:?}");
         // 5 send and 1 receive completion per node.
@@ -376,7 +362,7 @@ mod tests {
 
     #[test]
     fn flush_after_error_holds_for_an_error_then_flushes() {
-        let mut fx = busy();
+        let mut fx = Fixture::busy(0);
         fx.fail(0, 1, OpKind::Write, RETRY_EXC);
         fx.fail(0, 1, OpKind::Write, FLUSH);
         fx.fail(0, 1, OpKind::Fin, FLUSH);

@@ -394,23 +394,9 @@ mod tests {
     use super::*;
     use crate::run::layout::Workload;
 
-    /// A two-node `mixed` run that did one of everything on each link, and drained.
-    fn busy() -> Fixture {
-        let mut fx = Fixture::new(2, Workload::Mixed);
-        for (i, j) in [(0, 1), (1, 0)] {
-            fx.write(i, j);
-            fx.send(i, j, 7);
-            fx.read(i, j, 100);
-            fx.faa(i, j);
-            fx.fin(i, j);
-        }
-        fx.end_all();
-        fx
-    }
-
     #[test]
     fn every_data_invariant_holds_on_a_correct_run() {
-        let fx = busy();
+        let fx = Fixture::busy(100);
         let input = fx.input();
         let mut counters = BTreeMap::new();
         for (inv, checked) in [

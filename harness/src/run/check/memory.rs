@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Input, Invariant, SUCCESS, SendWc, compare, sends, word_at};
+use super::{GoodRecv, Input, Invariant, SUCCESS, SendWc, compare, good_receives, sends, word_at};
 use crate::run::layout::{self, RecordKind};
 use crate::run::log::{Entry, LogRead, OpKind};
 
@@ -129,18 +129,8 @@ pub(super) fn send_data(input: &Input<'_>) -> Invariant {
         for op in link_ops(input, i, OpKind::Send) {
             check_sent(&mut inv, input, &op);
         }
-        for e in &log.entries {
-            if let Entry::Recv {
-                peer,
-                wr,
-                status: SUCCESS,
-                len,
-                imm,
-                ..
-            } = *e
-            {
-                check_received(&mut inv, input, i, (peer, wr, len, imm));
-            }
+        for recv in good_receives(log) {
+            check_received(&mut inv, input, i, recv);
         }
     }
     inv
@@ -163,12 +153,7 @@ fn check_sent(inv: &mut Invariant, input: &Input<'_>, op: &LinkOp) {
 
 /// Checks the receive slot of node `i`'s successful receive completion (peer, wr_id, bytes,
 /// immediate data).
-fn check_received(
-    inv: &mut Invariant,
-    input: &Input<'_>,
-    i: u32,
-    (peer, wr, len, imm): (u32, u64, u32, Option<u32>),
-) {
+fn check_received(inv: &mut Invariant, input: &Input<'_>, i: u32, (peer, wr, len, imm): GoodRecv) {
     inv.checked += 1;
     let Some(pos) = input.position(i, peer) else {
         inv.fail(format!("node {i}: receive from node {peer}, not a peer"));

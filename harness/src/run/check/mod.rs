@@ -337,6 +337,24 @@ fn sends(log: &LogRead) -> impl Iterator<Item = SendWc> + '_ {
     })
 }
 
+/// One successful receive completion: (peer, wr_id, bytes, immediate data).
+type GoodRecv = (u32, u64, u32, Option<u32>);
+
+/// The successful receive completions of a log, in log order.
+fn good_receives(log: &LogRead) -> impl Iterator<Item = GoodRecv> + '_ {
+    log.entries.iter().filter_map(|e| match *e {
+        Entry::Recv {
+            peer,
+            wr,
+            status: SUCCESS,
+            len,
+            imm,
+            ..
+        } => Some((peer, wr, len, imm)),
+        _ => None,
+    })
+}
+
 /// Fails `inv` unless `file` holds `want` at `off`; the message starts with `what()`.
 fn compare(
     inv: &mut Invariant,

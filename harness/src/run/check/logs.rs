@@ -113,6 +113,18 @@ impl Queues {
     fn named(&self) -> [(&'static str, &PerPeer); 2] {
         [("send", &self.send), ("receive", &self.recv)]
     }
+
+    /// Every queue of node `i` with completions, send queues first, peers in order: its name
+    /// in messages ("node i → node peer send queue"), which queue it is (as in [`Self::named`])
+    /// and its completions.
+    fn each(&self, i: u32) -> impl Iterator<Item = (String, &'static str, &[(u64, u32)])> + '_ {
+        self.named().into_iter().flat_map(move |(queue, per_peer)| {
+            per_peer.iter().map(move |(peer, list)| {
+                let name = format!("node {i} → node {peer} {queue} queue");
+                (name, queue, list.as_slice())
+            })
+        })
+    }
 }
 
 /// `completion-order`: on every QP, each queue's completions carry wr_ids 1, 2, 3, … — each
@@ -127,15 +139,9 @@ pub(super) fn completion_order(input: &Input<'_>) -> Invariant {
             continue;
         };
         let queues = Queues::of(log);
-        for (queue, per_peer) in queues.named() {
-            for (peer, list) in per_peer {
-                inv.checked += list.len() as u64;
-                check_wr_sequence(
-                    &mut inv,
-                    &format!("node {i} → node {peer} {queue} queue"),
-                    list,
-                );
-            }
+        for (name, _, list) in queues.each(i) {
+            inv.checked += list.len() as u64;
+            check_wr_sequence(&mut inv, &name, list);
         }
         match end_line(log) {
             Some(posted) => check_all_completed(&mut inv, i, &queues, posted),
@@ -206,16 +212,8 @@ pub(super) fn flush_after_error(input: &Input<'_>) -> Invariant {
         let Some(log) = input.log(i) else {
             continue;
         };
-        let queues = Queues::of(log);
-        for (queue, per_peer) in queues.named() {
-            for (peer, list) in per_peer {
-                check_flushes(
-                    &mut inv,
-                    &format!("node {i} → node {peer} {queue} queue"),
-                    queue,
-                    list,
-                );
-            }
+        for (name, queue, list) in Queues::of(log).each(i) {
+            check_flushes(&mut inv, &name, queue, list);
         }
     }
     inv

@@ -31,6 +31,8 @@ pub mod rdma_check;
 pub mod ud_pingpong;
 pub mod wire;
 
+pub use pingpong_shared::SharedArgs;
+
 /// An interop failure, with a message for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InteropError(pub String);

@@ -22,10 +22,10 @@ use super::pingpong_shared::{
     PingPong, RECV_WRID, SEND_WRID, cq_and_channel, exchange, exit_code, on_device, qp_cap,
 };
 use super::wire::PpDest;
-use super::{Context2, DeviceArgs, InteropError, QpPath, Result, TimeArgs, mtu_arg};
+use super::{Context2, InteropError, QpPath, Result, SharedArgs, mtu_arg};
 
-/// `softverbs pingpong`: the flags of ibv_rc_pingpong that mean something here, plus the
-/// device selection of [`DeviceArgs`] and a time bound.
+/// `softverbs pingpong`: the flags of ibv_rc_pingpong that mean something here (those both
+/// tools take in [`SharedArgs`]), plus the device selection and a time bound.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PingpongArgs {
     /// Connect to this server (host name or address); without it, act as the server.
@@ -40,24 +40,9 @@ pub struct PingpongArgs {
     /// Path MTU in bytes (256, 512, 1024, 2048 or 4096).
     #[arg(short = 'm', long, default_value = "1024", value_parser = mtu_arg)]
     pub mtu: verbs_api::Mtu,
-    /// Receive WRs kept posted.
-    #[arg(short = 'r', long = "rx-depth", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=16384))]
-    pub rx_depth: u32,
-    /// Iterations (SENDs each way).
-    #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
-    pub iters: u32,
-    /// Service level.
-    #[arg(short = 'l', long, default_value_t = 0)]
-    pub sl: u8,
-    /// Sleep on CQ events (a completion channel) instead of busy polling.
-    #[arg(short = 'e', long)]
-    pub events: bool,
-    /// Device selection.
+    /// Receive depth, iterations, service level, events, device and time bounds.
     #[command(flatten)]
-    pub device: DeviceArgs,
-    /// Time bounds.
-    #[command(flatten)]
-    pub time: TimeArgs,
+    pub common: SharedArgs,
 }
 
 /// Runs `softverbs pingpong`; prints what ibv_rc_pingpong prints. Exit code 0 on success, 1 on
@@ -65,31 +50,37 @@ pub struct PingpongArgs {
 pub fn run(args: &PingpongArgs) -> u8 {
     exit_code(
         "pingpong",
-        on_device(&args.device, |ctx| pingpong_on(ctx, args)),
+        on_device(&args.common.device, |ctx| pingpong_on(ctx, args)),
     )
 }
 
 fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
     let size = usize::try_from(args.size).during("size")?;
-    let gid = super::local_gid(ctx, &args.device)?;
+    let gid = super::local_gid(ctx, &args.common.device)?;
     let pd = ctx.alloc_pd()?;
     let send_mr = ctx.alloc_mr(&pd, size.max(1), AccessFlags::LOCAL_WRITE)?;
     let recv_mr = ctx.alloc_mr(&pd, size.max(1), AccessFlags::LOCAL_WRITE)?;
     // ibv_rc_pingpong's buffer starts as 0x7b bytes; send the same.
     send_mr.write(0, &vec![0x7b; size])?;
-    let (cq, channel) = cq_and_channel(ctx, args.rx_depth, args.events)?;
+    let (cq, channel) = cq_and_channel(ctx, args.common.rx_depth, args.common.events)?;
     let qp = ctx
-        .create_qp(&pd, &cq, &cq, None, &QpInitAttr::rc(qp_cap(args.rx_depth)))
+        .create_qp(
+            &pd,
+            &cq,
+            &cq,
+            None,
+            &QpInitAttr::rc(qp_cap(args.common.rx_depth)),
+        )
         .during("create QP")?;
     let mut path = QpPath {
-        port: args.device.ib_port,
-        sgid_index: args.device.gid_idx,
+        port: args.common.device.ib_port,
+        sgid_index: args.common.device.gid_idx,
         dgid: gid,
         dest_qpn: 0,
         rq_psn: 0,
         sq_psn: super::random_psn(),
         mtu: args.mtu,
-        sl: args.sl,
+        sl: args.common.sl,
         hop_limit: 1,
         udp_dport: verbs_api::ROCE_V2_UDP_PORT,
         access: AccessFlags::empty(),
@@ -106,7 +97,7 @@ fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
         }
         Ok(n)
     };
-    let routs = post_recvs(args.rx_depth)?;
+    let routs = post_recvs(args.common.rx_depth)?;
 
     let me = PpDest {
         lid: 0,
@@ -114,9 +105,13 @@ fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
         psn: path.sq_psn,
         gid,
     };
-    exchange(args.host.as_deref(), args.port, &args.time, &me, |peer| {
-        connect(&qp, &mut path, peer)
-    })?;
+    exchange(
+        args.host.as_deref(),
+        args.port,
+        &args.common.time,
+        &me,
+        |peer| connect(&qp, &mut path, peer),
+    )?;
 
     let send = || -> Result<()> {
         qp.post_send(&[SendWr::new(SEND_WRID, SendOp::Send, &send_sge)])
@@ -132,9 +127,9 @@ fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
         Ok(())
     };
     PingPong {
-        iters: args.iters,
+        iters: args.common.iters,
         size: args.size,
-        rx_depth: args.rx_depth,
+        rx_depth: args.common.rx_depth,
         routs,
         client: args.host.is_some(),
         vendor_err: true,
@@ -142,7 +137,7 @@ fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
         post_recvs: &post_recvs,
         check_recv: &check_recv,
     }
-    .run(cq.clone(), channel, args.time.io())?;
+    .run(cq.clone(), channel, args.common.time.io())?;
     linger(ctx);
     Ok(())
 }

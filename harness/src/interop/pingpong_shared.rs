@@ -14,6 +14,30 @@ use verbs_api::{Context, QpCap, WcStatus, WorkCompletion};
 use super::wire::{self, DONE, PpDest};
 use super::{DeviceArgs, InteropError, Result, TimeArgs, Waiter, udp_report};
 
+/// The flags both tools take after their own (`-r`, `-n`, `-l`, `-e`), with the device
+/// selection of [`DeviceArgs`] and the time bounds.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SharedArgs {
+    /// Receive WRs kept posted.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    pub rx_depth: u32,
+    /// Iterations (SENDs each way).
+    #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub iters: u32,
+    /// Service level.
+    #[arg(short = 'l', long, default_value_t = 0)]
+    pub sl: u8,
+    /// Sleep on CQ events (a completion channel) instead of busy polling.
+    #[arg(short = 'e', long)]
+    pub events: bool,
+    /// Device selection.
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Time bounds.
+    #[command(flatten)]
+    pub time: TimeArgs,
+}
+
 /// wr_id of every receive WR.
 pub(super) const RECV_WRID: u64 = 1;
 /// wr_id of every send WR.

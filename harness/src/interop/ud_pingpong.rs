@@ -21,13 +21,13 @@ use super::pingpong_shared::{
     PingPong, RECV_WRID, SEND_WRID, cq_and_channel, exchange, exit_code, on_device, qp_cap,
 };
 use super::wire::PpDest;
-use super::{Context2, DeviceArgs, InteropError, Result, TimeArgs};
+use super::{Context2, InteropError, Result, SharedArgs};
 
 /// The Q_Key both sides use.
 pub const UD_QKEY: u32 = 0x1111_1111;
 
-/// `softverbs ud-pingpong`: the flags of ibv_ud_pingpong that mean something here, plus the
-/// device selection of [`DeviceArgs`] and a time bound.
+/// `softverbs ud-pingpong`: the flags of ibv_ud_pingpong that mean something here (those both
+/// tools take in [`SharedArgs`]), plus the device selection and a time bound.
 #[derive(clap::Args, Clone, Debug)]
 pub struct UdPingpongArgs {
     /// Connect to this server (host name or address); without it, act as the server.
@@ -39,24 +39,9 @@ pub struct UdPingpongArgs {
     /// Message size in bytes (at most the port's active MTU).
     #[arg(short = 's', long, default_value_t = 2048)]
     pub size: u32,
-    /// Receive WRs kept posted.
-    #[arg(short = 'r', long = "rx-depth", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=16384))]
-    pub rx_depth: u32,
-    /// Iterations (SENDs each way).
-    #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
-    pub iters: u32,
-    /// Service level.
-    #[arg(short = 'l', long, default_value_t = 0)]
-    pub sl: u8,
-    /// Sleep on CQ events (a completion channel) instead of busy polling.
-    #[arg(short = 'e', long)]
-    pub events: bool,
-    /// Device selection.
+    /// Receive depth, iterations, service level, events, device and time bounds.
     #[command(flatten)]
-    pub device: DeviceArgs,
-    /// Time bounds.
-    #[command(flatten)]
-    pub time: TimeArgs,
+    pub common: SharedArgs,
 }
 
 /// Runs `softverbs ud-pingpong`; prints what ibv_ud_pingpong prints. Exit code 0 on success, 1
@@ -64,7 +49,7 @@ pub struct UdPingpongArgs {
 pub fn run(args: &UdPingpongArgs) -> u8 {
     exit_code(
         "ud-pingpong",
-        on_device(&args.device, |ctx| ud_pingpong_on(ctx, args)),
+        on_device(&args.common.device, |ctx| ud_pingpong_on(ctx, args)),
     )
 }
 
@@ -89,7 +74,7 @@ fn to_rts(qp: &AnyQp, port: u8, psn: u32) -> Result<()> {
 }
 
 fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
-    let port = args.device.ib_port;
+    let port = args.common.device.ib_port;
     let mtu = ctx.query_port(port)?.active_mtu.bytes();
     if args.size > mtu {
         return Err(InteropError::new(format!(
@@ -98,13 +83,19 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
         )));
     }
     let size = usize::try_from(args.size).during("size")?;
-    let gid = super::local_gid(ctx, &args.device)?;
+    let gid = super::local_gid(ctx, &args.common.device)?;
     let pd = ctx.alloc_pd()?;
     let mr = ctx.alloc_mr(&pd, size + GRH_LEN, AccessFlags::LOCAL_WRITE)?;
     mr.write(0, &vec![0x7b; size + GRH_LEN])?;
-    let (cq, channel) = cq_and_channel(ctx, args.rx_depth, args.events)?;
+    let (cq, channel) = cq_and_channel(ctx, args.common.rx_depth, args.common.events)?;
     let qp = ctx
-        .create_qp(&pd, &cq, &cq, None, &QpInitAttr::ud(qp_cap(args.rx_depth)))
+        .create_qp(
+            &pd,
+            &cq,
+            &cq,
+            None,
+            &QpInitAttr::ud(qp_cap(args.common.rx_depth)),
+        )
         .during("create UD QP")?;
     let psn = super::random_psn();
     use QpAttrMask as M;
@@ -123,7 +114,7 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
         }
         Ok(n)
     };
-    let routs = post_recvs(args.rx_depth)?;
+    let routs = post_recvs(args.common.rx_depth)?;
 
     let me = PpDest {
         lid: 0,
@@ -131,9 +122,13 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
         psn,
         gid,
     };
-    let peer = exchange(args.host.as_deref(), args.port, &args.time, &me, |_| {
-        to_rts(&qp, port, psn)
-    })?;
+    let peer = exchange(
+        args.host.as_deref(),
+        args.port,
+        &args.common.time,
+        &me,
+        |_| to_rts(&qp, port, psn),
+    )?;
     if peer.gid.is_zero() {
         return Err(InteropError::new(
             "the peer sent GID 0 (LID addressing); RoCE needs a GID: run the peer with -g",
@@ -144,9 +139,9 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
             &pd,
             &AhAttr {
                 dgid: peer.gid,
-                sgid_index: args.device.gid_idx,
+                sgid_index: args.common.device.gid_idx,
                 hop_limit: 1,
-                sl: args.sl,
+                sl: args.common.sl,
                 port_num: port,
                 ..AhAttr::default()
             },
@@ -175,9 +170,9 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
         Ok(())
     };
     PingPong {
-        iters: args.iters,
+        iters: args.common.iters,
         size: args.size,
-        rx_depth: args.rx_depth,
+        rx_depth: args.common.rx_depth,
         routs,
         client: args.host.is_some(),
         vendor_err: false,
@@ -185,5 +180,5 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
         post_recvs: &post_recvs,
         check_recv: &check_recv,
     }
-    .run(cq.clone(), channel, args.time.io())
+    .run(cq.clone(), channel, args.common.time.io())
 }

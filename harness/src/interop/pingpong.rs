@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use verbs_api::dynamic::AnyContext;
 use verbs_api::{
-    AccessFlags, Context, MemoryRegion, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, WcOpcode,
+    AccessFlags, Context, MemoryRegion, QpInitAttr, QueuePair, SendOp, SendWr, WcOpcode,
     WorkCompletion,
 };
 
 use super::pingpong_shared::{
-    PingPong, RECV_WRID, SEND_WRID, cq_and_channel, exchange, exit_code, on_device, qp_cap,
+    PingPong, SEND_WRID, cq_and_channel, exchange, exit_code, on_device, post_recvs, qp_cap,
 };
 use super::wire::PpDest;
 use super::{Context2, InteropError, QpPath, Result, SharedArgs, mtu_arg};
@@ -90,14 +90,7 @@ fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
 
     let send_sge = [send_mr.sge(0, size)?];
     let recv_sge = [recv_mr.sge(0, size)?];
-    let post_recvs = |n: u32| -> Result<u32> {
-        for _ in 0..n {
-            qp.post_recv(&[RecvWr::new(RECV_WRID, &recv_sge)])
-                .during("post_recv")?;
-        }
-        Ok(n)
-    };
-    let routs = post_recvs(args.common.rx_depth)?;
+    let routs = post_recvs(&qp, &recv_sge, args.common.rx_depth)?;
 
     let me = PpDest {
         lid: 0,
@@ -127,17 +120,17 @@ fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
         Ok(())
     };
     PingPong {
-        iters: args.common.iters,
+        args: &args.common,
         size: args.size,
-        rx_depth: args.common.rx_depth,
-        routs,
         client: args.host.is_some(),
         vendor_err: true,
+        qp: &qp,
+        recv_sge: &recv_sge,
+        routs,
         send: &send,
-        post_recvs: &post_recvs,
         check_recv: &check_recv,
     }
-    .run(cq.clone(), channel, args.common.time.io())?;
+    .run(cq.clone(), channel)?;
     linger(ctx);
     Ok(())
 }

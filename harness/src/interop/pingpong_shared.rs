@@ -1,18 +1,19 @@
 //! What `softverbs pingpong` ([`super::pingpong`]) and `softverbs ud-pingpong`
-//! ([`super::ud_pingpong`]) share: the device's life around a run with its UDP report, the
-//! 52-byte TCP address exchange of `ibv_*_pingpong`, the completion queue and QP capacities,
-//! and the ping-pong loop with its closing throughput lines.
+//! ([`super::ud_pingpong`]) share: the flags both take ([`SharedArgs`]), the device's life
+//! around a run with its UDP report, the 52-byte TCP address exchange of `ibv_*_pingpong`, the
+//! completion queue and QP capacities, receive posting, and the ping-pong loop with its closing
+//! throughput lines.
 //!
 //! What it is not: the QP transitions, buffers and receive checks, which differ between RC and
 //! UD and stay in each tool.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use verbs_api::dynamic::{AnyChannel, AnyContext, AnyCq};
-use verbs_api::{Context, QpCap, WcStatus, WorkCompletion};
+use verbs_api::dynamic::{AnyChannel, AnyContext, AnyCq, AnyQp};
+use verbs_api::{Context, QpCap, QueuePair, RecvWr, Sge, WcStatus, WorkCompletion};
 
 use super::wire::{self, DONE, PpDest};
-use super::{DeviceArgs, InteropError, Result, TimeArgs, Waiter, udp_report};
+use super::{Context2, DeviceArgs, InteropError, Result, TimeArgs, Waiter, udp_report};
 
 /// The flags both tools take after their own (`-r`, `-n`, `-l`, `-e`), with the device
 /// selection of [`DeviceArgs`] and the time bounds.
@@ -137,39 +138,43 @@ pub(super) fn exchange(
     Ok(peer)
 }
 
+/// Posts `n` receives with wr_id [`RECV_WRID`] on `qp`, each into `sge`; returns `n`.
+pub(super) fn post_recvs(qp: &AnyQp, sge: &[Sge], n: u32) -> Result<u32> {
+    for _ in 0..n {
+        qp.post_recv(&[RecvWr::new(RECV_WRID, sge)])
+            .during("post_recv")?;
+    }
+    Ok(n)
+}
+
 /// One ping-pong run of `ibv_*_pingpong`: what the loop needs from its tool.
 pub(super) struct PingPong<'a> {
-    /// SENDs (and receives) to count each way.
-    pub(super) iters: u32,
+    /// Iterations, receive depth and the stall bound of the loop.
+    pub(super) args: &'a SharedArgs,
     /// Message size in bytes, for the throughput line.
     pub(super) size: u32,
-    /// Receive WRs kept posted.
-    pub(super) rx_depth: u32,
-    /// Receive WRs posted before the loop.
-    pub(super) routs: u32,
     /// The client posts the first SEND.
     pub(super) client: bool,
     /// Whether a failed completion's message names its vendor error.
     pub(super) vendor_err: bool,
+    /// The QP receives are reposted on, into `recv_sge`.
+    pub(super) qp: &'a AnyQp,
+    /// The buffer of every receive.
+    pub(super) recv_sge: &'a [Sge],
+    /// Receive WRs posted before the loop.
+    pub(super) routs: u32,
     /// Posts one SEND with wr_id [`SEND_WRID`].
     pub(super) send: &'a dyn Fn() -> Result<()>,
-    /// Posts `n` receives with wr_id [`RECV_WRID`]; returns `n`.
-    pub(super) post_recvs: &'a dyn Fn(u32) -> Result<u32>,
     /// Checks receive completion number `rcnt` (successful, wr_id [`RECV_WRID`]).
     pub(super) check_recv: &'a dyn Fn(&WorkCompletion, u32) -> Result<()>,
 }
 
 impl PingPong<'_> {
-    /// Runs the loop on `cq` (through `channel` when given; no completion for `stall` fails):
-    /// each side sends again once both its last SEND and a receive have completed, until it has
-    /// counted `iters` of each; receives are reposted when at most one is left. Then prints the
-    /// throughput and latency lines of the real tools.
-    pub(super) fn run(
-        &self,
-        cq: AnyCq,
-        channel: Option<AnyChannel>,
-        stall: Duration,
-    ) -> Result<()> {
+    /// Runs the loop on `cq` (through `channel` when given; no completion for the I/O time
+    /// bound fails): each side sends again once both its last SEND and a receive have
+    /// completed, until it has counted `iters` of each; receives are reposted when at most one
+    /// is left. Then prints the throughput and latency lines of the real tools.
+    pub(super) fn run(&self, cq: AnyCq, channel: Option<AnyChannel>) -> Result<()> {
         let start = Instant::now();
         let mut pending = RECV_WRID;
         if self.client {
@@ -178,8 +183,8 @@ impl PingPong<'_> {
         }
         let (mut scnt, mut rcnt) = (0u32, 0u32);
         let mut routs = self.routs;
-        let mut waiter = Waiter::new(cq, channel, stall)?;
-        let iters = self.iters;
+        let mut waiter = Waiter::new(cq, channel, self.args.time.io())?;
+        let iters = self.args.iters;
         while scnt < iters || rcnt < iters {
             let wcs = waiter
                 .next(&|| {
@@ -199,7 +204,8 @@ impl PingPong<'_> {
                         (self.check_recv)(&wc, rcnt)?;
                         routs = routs.saturating_sub(1);
                         if routs <= 1 {
-                            routs += (self.post_recvs)(self.rx_depth - routs)?;
+                            let n = self.args.rx_depth - routs;
+                            routs += post_recvs(self.qp, self.recv_sge, n)?;
                         }
                         rcnt += 1;
                     }
@@ -236,15 +242,15 @@ impl PingPong<'_> {
     /// Prints the real tools' two closing lines for a run of `secs` seconds.
     fn report(&self, secs: f64) {
         let usec = secs * 1e6;
-        let bytes = u64::from(self.size) * u64::from(self.iters) * 2;
+        let iters = self.args.iters;
+        let bytes = u64::from(self.size) * u64::from(iters) * 2;
         println!(
             "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
             bytes as f64 * 8.0 / usec
         );
         println!(
-            "{} iters in {secs:.2} seconds = {:.2} usec/iter",
-            self.iters,
-            usec / f64::from(self.iters)
+            "{iters} iters in {secs:.2} seconds = {:.2} usec/iter",
+            usec / f64::from(iters)
         );
     }
 }

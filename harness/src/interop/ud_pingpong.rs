@@ -13,12 +13,11 @@
 use verbs_api::dynamic::{AnyContext, AnyQp};
 use verbs_api::{
     AccessFlags, AddressHandle, AhAttr, Context, GRH_LEN, MemoryRegion, QpAttr, QpAttrMask,
-    QpInitAttr, QpState, QueuePair, RecvWr, SendOp, SendWr, UdDest, WcFlags, WcOpcode,
-    WorkCompletion,
+    QpInitAttr, QpState, QueuePair, SendOp, SendWr, UdDest, WcFlags, WcOpcode, WorkCompletion,
 };
 
 use super::pingpong_shared::{
-    PingPong, RECV_WRID, SEND_WRID, cq_and_channel, exchange, exit_code, on_device, qp_cap,
+    PingPong, SEND_WRID, cq_and_channel, exchange, exit_code, on_device, post_recvs, qp_cap,
 };
 use super::wire::PpDest;
 use super::{Context2, InteropError, Result, SharedArgs};
@@ -107,14 +106,7 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
 
     let recv_sge = [mr.sge(0, size + GRH_LEN)?];
     let send_sge = [mr.sge(GRH_LEN, size)?];
-    let post_recvs = |n: u32| -> Result<u32> {
-        for _ in 0..n {
-            qp.post_recv(&[RecvWr::new(RECV_WRID, &recv_sge)])
-                .during("post_recv")?;
-        }
-        Ok(n)
-    };
-    let routs = post_recvs(args.common.rx_depth)?;
+    let routs = post_recvs(&qp, &recv_sge, args.common.rx_depth)?;
 
     let me = PpDest {
         lid: 0,
@@ -170,15 +162,15 @@ fn ud_pingpong_on(ctx: &AnyContext, args: &UdPingpongArgs) -> Result<()> {
         Ok(())
     };
     PingPong {
-        iters: args.common.iters,
+        args: &args.common,
         size: args.size,
-        rx_depth: args.common.rx_depth,
-        routs,
         client: args.host.is_some(),
         vendor_err: false,
+        qp: &qp,
+        recv_sge: &recv_sge,
+        routs,
         send: &send,
-        post_recvs: &post_recvs,
         check_recv: &check_recv,
     }
-    .run(cq.clone(), channel, args.common.time.io())
+    .run(cq.clone(), channel)
 }

@@ -1,12 +1,16 @@
 //! Conversions between libibverbs' C structs ([`ibverbs_sys`]) and the verbs-api values the
-//! UDP device takes and returns. Pure functions: no pointers are followed here.
+//! UDP device takes and returns. Pure functions: no pointers are followed here. The conversions
+//! the hardware backend shares live in [`ibverbs_sys::convert`] (re-exported here); this module
+//! keeps the drop-in's own rules (a modify reads only the masked states and MTU and rejects
+//! unknown values, a query reports `cur_qp_state` as the current state).
 
 use std::ffi::c_char;
 
+use ibverbs_sys::convert::{self, mtu};
+pub use ibverbs_sys::convert::{ah_from, ah_to, cap_from, cap_to, qp_state};
 use ibverbs_sys::*;
 use verbs_api::{
-    AccessFlags, AhAttr, AtomicCap, DeviceAttr, Error, Gid, LinkLayer, Mtu, PortAttr, QpAttr,
-    QpAttrMask, QpCap, QpState, ROCE_V2_UDP_PORT, WorkCompletion,
+    AtomicCap, DeviceAttr, Error, LinkLayer, PortAttr, QpAttr, QpAttrMask, WorkCompletion,
 };
 
 /// `IBV_LINK_LAYER_INFINIBAND`.
@@ -99,67 +103,6 @@ pub fn port_attr(a: &PortAttr) -> ibv_port_attr {
     }
 }
 
-/// `ibv_qp_cap` → [`QpCap`].
-pub fn cap_from(c: &ibv_qp_cap) -> QpCap {
-    QpCap {
-        max_send_wr: c.max_send_wr,
-        max_recv_wr: c.max_recv_wr,
-        max_send_sge: c.max_send_sge,
-        max_recv_sge: c.max_recv_sge,
-        max_inline_data: c.max_inline_data,
-    }
-}
-
-/// [`QpCap`] → `ibv_qp_cap`.
-pub fn cap_to(c: &QpCap) -> ibv_qp_cap {
-    ibv_qp_cap {
-        max_send_wr: c.max_send_wr,
-        max_recv_wr: c.max_recv_wr,
-        max_send_sge: c.max_send_sge,
-        max_recv_sge: c.max_recv_sge,
-        max_inline_data: c.max_inline_data,
-    }
-}
-
-/// `ibv_ah_attr` → [`AhAttr`]. The peer is named by the GRH's destination GID (RoCE v2); the
-/// UDP port is always 4791.
-pub fn ah_from(a: &ibv_ah_attr) -> AhAttr {
-    AhAttr {
-        dgid: Gid(a.grh.dgid.raw),
-        sgid_index: a.grh.sgid_index,
-        flow_label: a.grh.flow_label,
-        hop_limit: a.grh.hop_limit,
-        traffic_class: a.grh.traffic_class,
-        sl: a.sl,
-        port_num: a.port_num,
-        udp_dport: ROCE_V2_UDP_PORT,
-    }
-}
-
-/// [`AhAttr`] → `ibv_ah_attr` (always global: RoCE needs the GRH).
-pub fn ah_to(a: &AhAttr) -> ibv_ah_attr {
-    ibv_ah_attr {
-        grh: ibv_global_route {
-            dgid: ibv_gid { raw: a.dgid.0 },
-            flow_label: a.flow_label,
-            sgid_index: a.sgid_index,
-            hop_limit: a.hop_limit,
-            traffic_class: a.traffic_class,
-        },
-        dlid: 0,
-        sl: a.sl,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: 1,
-        port_num: a.port_num,
-    }
-}
-
-/// `ibv_qp_state` number → [`QpState`].
-pub fn qp_state(v: u32) -> Option<QpState> {
-    QpState::ALL.get(usize::try_from(v).ok()?).copied()
-}
-
 /// `ibv_qp_attr` + `attr_mask` → [`QpAttr`] and [`QpAttrMask`] for `ibv_modify_qp`.
 ///
 /// Only the fields the mask names are read; a named value out of range (an unknown state or
@@ -167,7 +110,7 @@ pub fn qp_state(v: u32) -> Option<QpState> {
 pub fn qp_attr_from(a: &ibv_qp_attr, mask: i32) -> Result<(QpAttr, QpAttrMask), Error> {
     let mask = QpAttrMask::from_bits_retain(mask as u32);
     let state = |v, what| qp_state(v).ok_or_else(|| Error::invalid(format!("{what} {v}")));
-    let mut out = QpAttr::default();
+    let mut out = convert::qp_attr_from(a);
     if mask.contains(QpAttrMask::STATE) {
         out.qp_state = state(a.qp_state, "qp_state")?;
     }
@@ -175,59 +118,18 @@ pub fn qp_attr_from(a: &ibv_qp_attr, mask: i32) -> Result<(QpAttr, QpAttrMask), 
         out.cur_qp_state = state(a.cur_qp_state, "cur_qp_state")?;
     }
     if mask.contains(QpAttrMask::PATH_MTU) {
-        out.path_mtu = u8::try_from(a.path_mtu)
-            .ok()
-            .and_then(Mtu::from_raw)
-            .ok_or_else(|| Error::invalid(format!("path_mtu {}", a.path_mtu)))?;
+        out.path_mtu =
+            mtu(a.path_mtu).ok_or_else(|| Error::invalid(format!("path_mtu {}", a.path_mtu)))?;
     }
-    out.qkey = a.qkey;
-    out.rq_psn = a.rq_psn;
-    out.sq_psn = a.sq_psn;
-    out.dest_qp_num = a.dest_qp_num;
-    out.qp_access_flags = AccessFlags::from_bits_retain(a.qp_access_flags);
-    out.cap = cap_from(&a.cap);
-    out.ah_attr = ah_from(&a.ah_attr);
-    out.pkey_index = a.pkey_index;
-    out.en_sqd_async_notify = a.en_sqd_async_notify != 0;
-    out.max_rd_atomic = a.max_rd_atomic;
-    out.max_dest_rd_atomic = a.max_dest_rd_atomic;
-    out.min_rnr_timer = a.min_rnr_timer;
-    out.port_num = a.port_num;
-    out.timeout = a.timeout;
-    out.retry_cnt = a.retry_cnt;
-    out.rnr_retry = a.rnr_retry;
     Ok((out, mask))
 }
 
-/// [`QpAttr`] → `ibv_qp_attr` for `ibv_query_qp` (every field).
+/// [`QpAttr`] → `ibv_qp_attr` for `ibv_query_qp` (every field; `cur_qp_state` reports the
+/// current state).
 pub fn qp_attr_to(a: &QpAttr) -> ibv_qp_attr {
     ibv_qp_attr {
-        qp_state: a.qp_state as u32,
         cur_qp_state: a.qp_state as u32,
-        path_mtu: a.path_mtu as u32,
-        path_mig_state: 0,
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
-        qp_access_flags: a.qp_access_flags.bits(),
-        cap: cap_to(&a.cap),
-        ah_attr: ah_to(&a.ah_attr),
-        alt_ah_attr: ibv_ah_attr::default(),
-        pkey_index: a.pkey_index,
-        alt_pkey_index: 0,
-        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
-        sq_draining: u8::from(a.sq_draining),
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        alt_port_num: 0,
-        alt_timeout: 0,
-        rate_limit: 0,
+        ..convert::qp_attr_to(a)
     }
 }
 
@@ -254,6 +156,8 @@ pub fn wc_to(w: &WorkCompletion) -> ibv_wc {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use verbs_api::{Gid, Mtu, QpState};
+
     use super::*;
 
     #[test]

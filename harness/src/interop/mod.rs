@@ -26,9 +26,12 @@ use verbs_api::{
 
 pub mod icrc_check;
 pub mod pingpong;
+mod pingpong_shared;
 pub mod rdma_check;
 pub mod ud_pingpong;
 pub mod wire;
+
+pub use pingpong_shared::SharedArgs;
 
 /// An interop failure, with a message for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,26 +10,22 @@
 //! left. Every completion must succeed, and every receive must carry exactly `size` bytes.
 //! Written from the protocol's description, not from rdma-core's source.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use verbs_api::dynamic::AnyContext;
 use verbs_api::{
-    AccessFlags, Context, MemoryRegion, QpCap, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr,
-    WcOpcode, WcStatus,
+    AccessFlags, Context, MemoryRegion, QpInitAttr, QueuePair, SendOp, SendWr, WcOpcode,
+    WorkCompletion,
 };
 
-use super::wire::{self, DONE, PpDest};
-use super::{
-    Context2, DeviceArgs, InteropError, QpPath, Result, TimeArgs, Waiter, mtu_arg, udp_report,
+use super::pingpong_shared::{
+    PingPong, SEND_WRID, cq_and_channel, exchange, exit_code, on_device, post_recvs, qp_cap,
 };
+use super::wire::PpDest;
+use super::{Context2, InteropError, QpPath, Result, SharedArgs, mtu_arg};
 
-/// wr_id of every receive WR.
-const RECV_WRID: u64 = 1;
-/// wr_id of every send WR.
-const SEND_WRID: u64 = 2;
-
-/// `softverbs pingpong`: the flags of ibv_rc_pingpong that mean something here, plus the
-/// device selection of [`DeviceArgs`] and a time bound.
+/// `softverbs pingpong`: the flags of ibv_rc_pingpong that mean something here (those both
+/// tools take in [`SharedArgs`]), plus the device selection and a time bound.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PingpongArgs {
     /// Connect to this server (host name or address); without it, act as the server.
@@ -44,88 +40,47 @@ pub struct PingpongArgs {
     /// Path MTU in bytes (256, 512, 1024, 2048 or 4096).
     #[arg(short = 'm', long, default_value = "1024", value_parser = mtu_arg)]
     pub mtu: verbs_api::Mtu,
-    /// Receive WRs kept posted.
-    #[arg(short = 'r', long = "rx-depth", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=16384))]
-    pub rx_depth: u32,
-    /// Iterations (SENDs each way).
-    #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
-    pub iters: u32,
-    /// Service level.
-    #[arg(short = 'l', long, default_value_t = 0)]
-    pub sl: u8,
-    /// Sleep on CQ events (a completion channel) instead of busy polling.
-    #[arg(short = 'e', long)]
-    pub events: bool,
-    /// Device selection.
+    /// Receive depth, iterations, service level, events, device and time bounds.
     #[command(flatten)]
-    pub device: DeviceArgs,
-    /// Time bounds.
-    #[command(flatten)]
-    pub time: TimeArgs,
+    pub common: SharedArgs,
 }
 
 /// Runs `softverbs pingpong`; prints what ibv_rc_pingpong prints. Exit code 0 on success, 1 on
 /// any failure (bad completion, timeout, malformed peer message), 2 for bad arguments.
 pub fn run(args: &PingpongArgs) -> u8 {
-    match pingpong(args) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("softverbs pingpong: {e}");
-            1
-        }
-    }
-}
-
-fn pingpong(args: &PingpongArgs) -> Result<()> {
-    let ctx = args.device.open()?;
-    let result = pingpong_on(&ctx, args);
-    let finished = args.device.finish(&ctx);
-    let result = result.and(finished);
-    // ibv_rc_pingpong prints nothing like it; on stderr, so stdout keeps its format.
-    if let Some((report, icrc_errors)) = udp_report(&ctx) {
-        eprintln!("{report}");
-        if result.is_ok() && icrc_errors != 0 {
-            return Err(InteropError::new(format!(
-                "{icrc_errors} packet(s) dropped for a bad ICRC"
-            )));
-        }
-    }
-    result
+    exit_code(
+        "pingpong",
+        on_device(&args.common.device, |ctx| pingpong_on(ctx, args)),
+    )
 }
 
 fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
     let size = usize::try_from(args.size).during("size")?;
-    let gid = super::local_gid(ctx, &args.device)?;
+    let gid = super::local_gid(ctx, &args.common.device)?;
     let pd = ctx.alloc_pd()?;
     let send_mr = ctx.alloc_mr(&pd, size.max(1), AccessFlags::LOCAL_WRITE)?;
     let recv_mr = ctx.alloc_mr(&pd, size.max(1), AccessFlags::LOCAL_WRITE)?;
     // ibv_rc_pingpong's buffer starts as 0x7b bytes; send the same.
     send_mr.write(0, &vec![0x7b; size])?;
-    let channel = if args.events {
-        Some(ctx.create_comp_channel()?)
-    } else {
-        None
-    };
-    let cq = ctx.create_cq(args.rx_depth + 1, channel.as_ref())?;
-    let cap = QpCap {
-        max_send_wr: 1,
-        max_recv_wr: args.rx_depth,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let (cq, channel) = cq_and_channel(ctx, args.common.rx_depth, args.common.events)?;
     let qp = ctx
-        .create_qp(&pd, &cq, &cq, None, &QpInitAttr::rc(cap))
+        .create_qp(
+            &pd,
+            &cq,
+            &cq,
+            None,
+            &QpInitAttr::rc(qp_cap(args.common.rx_depth)),
+        )
         .during("create QP")?;
     let mut path = QpPath {
-        port: args.device.ib_port,
-        sgid_index: args.device.gid_idx,
+        port: args.common.device.ib_port,
+        sgid_index: args.common.device.gid_idx,
         dgid: gid,
         dest_qpn: 0,
         rq_psn: 0,
         sq_psn: super::random_psn(),
         mtu: args.mtu,
-        sl: args.sl,
+        sl: args.common.sl,
         hop_limit: 1,
         udp_dport: verbs_api::ROCE_V2_UDP_PORT,
         access: AccessFlags::empty(),
@@ -135,14 +90,7 @@ fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
 
     let send_sge = [send_mr.sge(0, size)?];
     let recv_sge = [recv_mr.sge(0, size)?];
-    let post_recvs = |n: u32| -> Result<u32> {
-        for _ in 0..n {
-            qp.post_recv(&[RecvWr::new(RECV_WRID, &recv_sge)])
-                .during("post_recv")?;
-        }
-        Ok(n)
-    };
-    let mut routs = post_recvs(args.rx_depth)?;
+    let routs = post_recvs(&qp, &recv_sge, args.common.rx_depth)?;
 
     let me = PpDest {
         lid: 0,
@@ -150,97 +98,39 @@ fn pingpong_on(ctx: &AnyContext, args: &PingpongArgs) -> Result<()> {
         psn: path.sq_psn,
         gid,
     };
-    println!("  local address:  {}", me.describe());
-    let peer = match &args.host {
-        Some(host) => {
-            let mut stream = super::tcp_client(host, args.port, &args.time)?;
-            wire::write_msg(&mut stream, &me.encode(), "our address message")?;
-            let peer = wire::read_dest(&mut stream)?;
-            wire::write_msg(&mut stream, DONE, "\"done\"")?;
-            connect(&qp, &mut path, &peer)?;
-            peer
-        }
-        None => {
-            let mut stream = super::tcp_server(args.port, &args.time)?;
-            let peer = wire::read_dest(&mut stream)?;
-            connect(&qp, &mut path, &peer)?;
-            wire::write_msg(&mut stream, &me.encode(), "our address message")?;
-            wire::read_done(&mut stream)?;
-            peer
-        }
-    };
-    println!("  remote address: {}", peer.describe());
+    exchange(
+        args.host.as_deref(),
+        args.port,
+        &args.common.time,
+        &me,
+        |peer| connect(&qp, &mut path, peer),
+    )?;
 
-    let start = Instant::now();
     let send = || -> Result<()> {
         qp.post_send(&[SendWr::new(SEND_WRID, SendOp::Send, &send_sge)])
             .during("post_send")
     };
-    let mut pending = RECV_WRID;
-    if args.host.is_some() {
-        send()?;
-        pending |= SEND_WRID;
-    }
-    let (mut scnt, mut rcnt) = (0u32, 0u32);
-    let mut waiter = Waiter::new(cq.clone(), channel, args.time.io())?;
-    let iters = args.iters;
-    while scnt < iters || rcnt < iters {
-        let wcs = waiter
-            .next(&|| {
-                format!(
-                    "iteration {} (sent {scnt}, received {rcnt})",
-                    scnt.min(rcnt)
-                )
-            })?
-            .to_vec();
-        for wc in wcs {
-            if wc.status != WcStatus::Success {
-                return Err(InteropError::new(format!(
-                    "failed status {:?} ({}) for wr_id {} (vendor_err {:#x}) after {scnt} \
-                     sends, {rcnt} receives",
-                    wc.status, wc.status as u32, wc.wr_id, wc.vendor_err
-                )));
-            }
-            match wc.wr_id {
-                SEND_WRID => scnt += 1,
-                RECV_WRID => {
-                    if wc.opcode != WcOpcode::Recv || wc.byte_len != args.size {
-                        return Err(InteropError::new(format!(
-                            "receive {rcnt}: opcode {:?} with {} bytes, expected a SEND of {} \
-                             bytes",
-                            wc.opcode, wc.byte_len, args.size
-                        )));
-                    }
-                    routs = routs.saturating_sub(1);
-                    if routs <= 1 {
-                        routs += post_recvs(args.rx_depth - routs)?;
-                    }
-                    rcnt += 1;
-                }
-                other => {
-                    return Err(InteropError::new(format!(
-                        "completion for unknown wr_id {other}"
-                    )));
-                }
-            }
-            pending &= !wc.wr_id;
-            if scnt < iters && pending == 0 {
-                send()?;
-                pending = RECV_WRID | SEND_WRID;
-            }
+    let check_recv = |wc: &WorkCompletion, rcnt: u32| -> Result<()> {
+        if wc.opcode != WcOpcode::Recv || wc.byte_len != args.size {
+            return Err(InteropError::new(format!(
+                "receive {rcnt}: opcode {:?} with {} bytes, expected a SEND of {} bytes",
+                wc.opcode, wc.byte_len, args.size
+            )));
         }
+        Ok(())
+    };
+    PingPong {
+        args: &args.common,
+        size: args.size,
+        client: args.host.is_some(),
+        vendor_err: true,
+        qp: &qp,
+        recv_sge: &recv_sge,
+        routs,
+        send: &send,
+        check_recv: &check_recv,
     }
-    let secs = start.elapsed().as_secs_f64().max(1e-9);
-    let usec = secs * 1e6;
-    let bytes = u64::from(args.size) * u64::from(iters) * 2;
-    println!(
-        "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{iters} iters in {secs:.2} seconds = {:.2} usec/iter",
-        usec / f64::from(iters)
-    );
+    .run(cq.clone(), channel)?;
     linger(ctx);
     Ok(())
 }

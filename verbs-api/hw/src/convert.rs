@@ -1,18 +1,20 @@
 //! Conversions between libibverbs' values (errnos, attribute structs, completions, events) and
-//! `verbs_api`'s.
+//! `verbs_api`'s. The conversions the drop-in shares live in `ibverbs_sys::convert`; this module
+//! keeps the hardware side's own rules (unknown states read as ERR, queried capacities from the
+//! init attr, `sq_draining` never passed to `ibv_modify_qp`).
 
 use std::ffi::CStr;
 
 use verbs_api::{
-    AccessFlags, AhAttr, AsyncEvent, AsyncEventKind, AtomicCap, DeviceAttr, Error, ErrorKind,
-    EventElement, Gid, LinkLayer, Mtu, PortAttr, PortState, QpAttr, QpCap, QpState,
-    ROCE_V2_UDP_PORT, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AsyncEvent, AsyncEventKind, AtomicCap, DeviceAttr, Error, ErrorKind, EventElement, LinkLayer,
+    Mtu, PortAttr, PortState, QpAttr, QpState, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::ffi::safe::{RawElement, RawEvent};
+use crate::ffi::sys::convert as shared;
+pub(crate) use crate::ffi::sys::convert::{ah_to, cap_from, cap_to, mtu};
 use crate::ffi::sys::{
-    IBV_LINK_LAYER_ETHERNET, ibv_ah_attr, ibv_device_attr, ibv_gid, ibv_global_route,
-    ibv_port_attr, ibv_qp_attr, ibv_qp_cap, ibv_wc,
+    IBV_LINK_LAYER_ETHERNET, ibv_device_attr, ibv_port_attr, ibv_qp_attr, ibv_qp_cap, ibv_wc,
 };
 
 /// The error for a failed libibverbs call: the kind its errno maps to, with the call named.
@@ -82,11 +84,6 @@ pub(crate) fn device_attr(a: &ibv_device_attr) -> DeviceAttr {
     }
 }
 
-/// rdma-core's `ibv_mtu` value (1..=5) → [`Mtu`], `None` for 0 or garbage.
-pub(crate) fn mtu(v: u32) -> Option<Mtu> {
-    u8::try_from(v).ok().and_then(Mtu::from_raw)
-}
-
 /// `ibv_port_attr` → [`PortAttr`].
 pub(crate) fn port_attr(a: &ibv_port_attr) -> PortAttr {
     PortAttr {
@@ -113,99 +110,15 @@ pub(crate) fn port_attr(a: &ibv_port_attr) -> PortAttr {
 
 /// rdma-core's `ibv_qp_state` value → [`QpState`] (unknown values read as ERR).
 pub(crate) fn qp_state(v: u32) -> QpState {
-    QpState::ALL
-        .get(usize::try_from(v).unwrap_or(usize::MAX))
-        .copied()
-        .unwrap_or(QpState::Err)
-}
-
-fn cap_to(c: &QpCap) -> ibv_qp_cap {
-    ibv_qp_cap {
-        max_send_wr: c.max_send_wr,
-        max_recv_wr: c.max_recv_wr,
-        max_send_sge: c.max_send_sge,
-        max_recv_sge: c.max_recv_sge,
-        max_inline_data: c.max_inline_data,
-    }
-}
-
-/// `ibv_qp_cap` → [`QpCap`].
-pub(crate) fn cap_from(c: &ibv_qp_cap) -> QpCap {
-    QpCap {
-        max_send_wr: c.max_send_wr,
-        max_recv_wr: c.max_recv_wr,
-        max_send_sge: c.max_send_sge,
-        max_recv_sge: c.max_recv_sge,
-        max_inline_data: c.max_inline_data,
-    }
-}
-
-/// [`QpCap`] → `ibv_qp_cap`.
-pub(crate) fn cap_into(c: &QpCap) -> ibv_qp_cap {
-    cap_to(c)
-}
-
-/// [`AhAttr`] → `ibv_ah_attr`: always global (RoCE needs the GRH).
-pub(crate) fn ah_to(a: &AhAttr) -> ibv_ah_attr {
-    ibv_ah_attr {
-        grh: ibv_global_route {
-            dgid: ibv_gid { raw: a.dgid.0 },
-            flow_label: a.flow_label,
-            sgid_index: a.sgid_index,
-            hop_limit: a.hop_limit,
-            traffic_class: a.traffic_class,
-        },
-        dlid: 0,
-        sl: a.sl,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: 1,
-        port_num: a.port_num,
-    }
-}
-
-fn ah_from(a: &ibv_ah_attr) -> AhAttr {
-    AhAttr {
-        dgid: Gid(a.grh.dgid.raw),
-        sgid_index: a.grh.sgid_index,
-        flow_label: a.grh.flow_label,
-        hop_limit: a.grh.hop_limit,
-        traffic_class: a.grh.traffic_class,
-        sl: a.sl,
-        port_num: a.port_num,
-        udp_dport: ROCE_V2_UDP_PORT,
-    }
+    shared::qp_state(v).unwrap_or(QpState::Err)
 }
 
 /// [`QpAttr`] → `ibv_qp_attr` (every field; the mask says which the kernel applies).
+/// `sq_draining` is always 0: `ibv_query_qp` reports it, `ibv_modify_qp` does not take it.
 pub(crate) fn qp_attr_to(a: &QpAttr) -> ibv_qp_attr {
     ibv_qp_attr {
-        qp_state: a.qp_state as u32,
-        cur_qp_state: a.cur_qp_state as u32,
-        path_mtu: a.path_mtu as u32,
-        path_mig_state: 0,
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
-        qp_access_flags: a.qp_access_flags.bits(),
-        cap: cap_to(&a.cap),
-        ah_attr: ah_to(&a.ah_attr),
-        alt_ah_attr: ibv_ah_attr::default(),
-        pkey_index: a.pkey_index,
-        alt_pkey_index: 0,
-        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
         sq_draining: 0,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        alt_port_num: 0,
-        alt_timeout: 0,
-        rate_limit: 0,
+        ..shared::qp_attr_to(a)
     }
 }
 
@@ -215,23 +128,9 @@ pub(crate) fn qp_attr_from(a: &ibv_qp_attr, cap: &ibv_qp_cap) -> QpAttr {
         qp_state: qp_state(a.qp_state),
         cur_qp_state: qp_state(a.cur_qp_state),
         path_mtu: mtu(a.path_mtu).unwrap_or_default(),
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
-        qp_access_flags: AccessFlags::from_bits_retain(a.qp_access_flags),
         cap: cap_from(cap),
-        ah_attr: ah_from(&a.ah_attr),
-        pkey_index: a.pkey_index,
-        en_sqd_async_notify: a.en_sqd_async_notify != 0,
         sq_draining: a.sq_draining != 0,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
+        ..shared::qp_attr_from(a)
     }
 }
 
@@ -294,6 +193,8 @@ pub(crate) fn async_event(e: &RawEvent) -> Option<AsyncEvent> {
 
 #[cfg(test)]
 mod tests {
+    use verbs_api::{AccessFlags, AhAttr, Gid};
+
     use super::*;
 
     #[test]
@@ -335,7 +236,7 @@ mod tests {
         };
         let raw = qp_attr_to(&a);
         assert_eq!(raw.ah_attr.is_global, 1);
-        assert_eq!(qp_attr_from(&raw, &cap_into(&a.cap)), a);
+        assert_eq!(qp_attr_from(&raw, &cap_to(&a.cap)), a);
     }
 
     #[test]

@@ -490,7 +490,7 @@ impl Context for HwContext {
                 &scq,
                 &rcq,
                 srq.as_ref(),
-                convert::cap_into(&attr.cap),
+                convert::cap_to(&attr.cap),
                 attr.qp_type as u32,
                 attr.sq_sig_all,
             )

@@ -9,6 +9,8 @@
 //! at the front, `ibv_qp_ex` and `ibv_port_attr` at the end, so the newest layout serves
 //! programs compiled against either header.
 //!
+//! [`convert`] holds the conversions to and from `verbs_api` values that both users share.
+//!
 //! What this crate is not: bindings to functions (the hardware backend resolves those at run
 //! time) or the provider-private tails that follow the public objects.
 //!
@@ -18,6 +20,8 @@
 #![allow(non_camel_case_types, missing_docs)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
+
+pub mod convert;
 
 /// `struct _ibv_device_ops`: two obsolete pointers at the start of `ibv_device`.
 #[repr(C)]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Input, Invariant, SUCCESS, sends};
+use super::{Input, Invariant, SUCCESS, good_receives, sends};
 use crate::run::layout::{self, RecordKind, Workload};
 use crate::run::log::{Entry, LogRead, OpKind};
 
@@ -13,22 +13,12 @@ type Received = BTreeMap<u32, BTreeMap<u64, Vec<(u32, Option<u32>)>>>;
 
 fn received(log: &LogRead) -> Received {
     let mut got: Received = BTreeMap::new();
-    for e in &log.entries {
-        if let Entry::Recv {
-            peer,
-            wr,
-            status: SUCCESS,
-            len,
-            imm,
-            ..
-        } = *e
-        {
-            got.entry(peer)
-                .or_default()
-                .entry(wr)
-                .or_default()
-                .push((len, imm));
-        }
+    for (peer, wr, len, imm) in good_receives(log) {
+        got.entry(peer)
+            .or_default()
+            .entry(wr)
+            .or_default()
+            .push((len, imm));
     }
     got
 }

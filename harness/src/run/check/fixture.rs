@@ -74,6 +74,21 @@ pub(super) struct Fixture {
 }
 
 impl Fixture {
+    /// A two-node `mixed` run that did one of everything on each link (its READs from remote
+    /// offset `read_roff`), and drained.
+    pub(super) fn busy(read_roff: u64) -> Fixture {
+        let mut fx = Fixture::new(2, Workload::Mixed);
+        for (i, j) in [(0, 1), (1, 0)] {
+            fx.write(i, j);
+            fx.send(i, j, 7);
+            fx.read(i, j, read_roff);
+            fx.faa(i, j);
+            fx.fin(i, j);
+        }
+        fx.end_all();
+        fx
+    }
+
     /// A clean run of `nodes` nodes that has done nothing yet: every node finished, drained
     /// and exited 0; its log holds a start line; its MR holds its READ pattern and zeros.
     pub(super) fn new(nodes: u32, workload: Workload) -> Fixture {

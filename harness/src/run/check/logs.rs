@@ -113,6 +113,18 @@ impl Queues {
     fn named(&self) -> [(&'static str, &PerPeer); 2] {
         [("send", &self.send), ("receive", &self.recv)]
     }
+
+    /// Every queue of node `i` with completions, send queues first, peers in order: its name
+    /// in messages ("node i → node peer send queue"), which queue it is (as in [`Self::named`])
+    /// and its completions.
+    fn each(&self, i: u32) -> impl Iterator<Item = (String, &'static str, &[(u64, u32)])> + '_ {
+        self.named().into_iter().flat_map(move |(queue, per_peer)| {
+            per_peer.iter().map(move |(peer, list)| {
+                let name = format!("node {i} → node {peer} {queue} queue");
+                (name, queue, list.as_slice())
+            })
+        })
+    }
 }
 
 /// `completion-order`: on every QP, each queue's completions carry wr_ids 1, 2, 3, … — each
@@ -127,15 +139,9 @@ pub(super) fn completion_order(input: &Input<'_>) -> Invariant {
             continue;
         };
         let queues = Queues::of(log);
-        for (queue, per_peer) in queues.named() {
-            for (peer, list) in per_peer {
-                inv.checked += list.len() as u64;
-                check_wr_sequence(
-                    &mut inv,
-                    &format!("node {i} → node {peer} {queue} queue"),
-                    list,
-                );
-            }
+        for (name, _, list) in queues.each(i) {
+            inv.checked += list.len() as u64;
+            check_wr_sequence(&mut inv, &name, list);
         }
         match end_line(log) {
             Some(posted) => check_all_completed(&mut inv, i, &queues, posted),
@@ -206,16 +212,8 @@ pub(super) fn flush_after_error(input: &Input<'_>) -> Invariant {
         let Some(log) = input.log(i) else {
             continue;
         };
-        let queues = Queues::of(log);
-        for (queue, per_peer) in queues.named() {
-            for (peer, list) in per_peer {
-                check_flushes(
-                    &mut inv,
-                    &format!("node {i} → node {peer} {queue} queue"),
-                    queue,
-                    list,
-                );
-            }
+        for (name, queue, list) in Queues::of(log).each(i) {
+            check_flushes(&mut inv, &name, queue, list);
         }
     }
     inv
@@ -259,23 +257,9 @@ mod tests {
     const RETRY_EXC: u32 = super::super::RETRY_EXC;
     const REM_ACCESS: u32 = 10;
 
-    /// A two-node `mixed` run that did one of everything on each link, and drained.
-    fn busy() -> Fixture {
-        let mut fx = Fixture::new(2, Workload::Mixed);
-        for (i, j) in [(0, 1), (1, 0)] {
-            fx.write(i, j);
-            fx.send(i, j, 7);
-            fx.read(i, j, 0);
-            fx.faa(i, j);
-            fx.fin(i, j);
-        }
-        fx.end_all();
-        fx
-    }
-
     #[test]
     fn counts_ops_and_statuses_per_node() {
-        let mut fx = busy();
+        let mut fx = Fixture::busy(0);
         fx.fail(0, 1, OpKind::Write, RETRY_EXC);
         let counts = log_counts(&fx.input(), 0);
         // WRITE, SEND, READ, FETCH_ADD succeeded; the fin word is not an op.
@@ -290,7 +274,7 @@ mod tests {
 
     #[test]
     fn log_integrity_holds_for_whole_logs_and_a_killed_nodes_cut_line() {
-        let mut fx = busy();
+        let mut fx = Fixture::busy(0);
         fx.log(1).truncated_tail = true;
         fx.fact(1).killed_at = Some(fx.now);
         let inv = log_integrity(&fx.input());
@@ -318,7 +302,7 @@ mod tests {
 
     #[test]
     fn completion_order_holds_for_wr_ids_in_order_and_complete() {
-        let fx = busy();
+        let fx = Fixture::busy(0);
         let inv = completion_order(&fx.input());
         assert!(inv.passed(), "{inv:?}");
         // 5 send and 1 receive completion per node.
@@ -376,7 +360,7 @@ mod tests {
 
     #[test]
     fn flush_after_error_holds_for_an_error_then_flushes() {
-        let mut fx = busy();
+        let mut fx = Fixture::busy(0);
         fx.fail(0, 1, OpKind::Write, RETRY_EXC);
         fx.fail(0, 1, OpKind::Write, FLUSH);
         fx.fail(0, 1, OpKind::Fin, FLUSH);

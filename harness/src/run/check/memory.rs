@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Input, Invariant, SUCCESS, SendWc, compare, sends, word_at};
+use super::{GoodRecv, Input, Invariant, SUCCESS, SendWc, compare, good_receives, sends, word_at};
 use crate::run::layout::{self, RecordKind};
 use crate::run::log::{Entry, LogRead, OpKind};
 
@@ -129,18 +129,8 @@ pub(super) fn send_data(input: &Input<'_>) -> Invariant {
         for op in link_ops(input, i, OpKind::Send) {
             check_sent(&mut inv, input, &op);
         }
-        for e in &log.entries {
-            if let Entry::Recv {
-                peer,
-                wr,
-                status: SUCCESS,
-                len,
-                imm,
-                ..
-            } = *e
-            {
-                check_received(&mut inv, input, i, (peer, wr, len, imm));
-            }
+        for recv in good_receives(log) {
+            check_received(&mut inv, input, i, recv);
         }
     }
     inv
@@ -163,12 +153,7 @@ fn check_sent(inv: &mut Invariant, input: &Input<'_>, op: &LinkOp) {
 
 /// Checks the receive slot of node `i`'s successful receive completion (peer, wr_id, bytes,
 /// immediate data).
-fn check_received(
-    inv: &mut Invariant,
-    input: &Input<'_>,
-    i: u32,
-    (peer, wr, len, imm): (u32, u64, u32, Option<u32>),
-) {
+fn check_received(inv: &mut Invariant, input: &Input<'_>, i: u32, (peer, wr, len, imm): GoodRecv) {
     inv.checked += 1;
     let Some(pos) = input.position(i, peer) else {
         inv.fail(format!("node {i}: receive from node {peer}, not a peer"));
@@ -394,23 +379,9 @@ mod tests {
     use super::*;
     use crate::run::layout::Workload;
 
-    /// A two-node `mixed` run that did one of everything on each link, and drained.
-    fn busy() -> Fixture {
-        let mut fx = Fixture::new(2, Workload::Mixed);
-        for (i, j) in [(0, 1), (1, 0)] {
-            fx.write(i, j);
-            fx.send(i, j, 7);
-            fx.read(i, j, 100);
-            fx.faa(i, j);
-            fx.fin(i, j);
-        }
-        fx.end_all();
-        fx
-    }
-
     #[test]
     fn every_data_invariant_holds_on_a_correct_run() {
-        let fx = busy();
+        let fx = Fixture::busy(100);
         let input = fx.input();
         let mut counters = BTreeMap::new();
         for (inv, checked) in [

@@ -337,6 +337,24 @@ fn sends(log: &LogRead) -> impl Iterator<Item = SendWc> + '_ {
     })
 }
 
+/// One successful receive completion: (peer, wr_id, bytes, immediate data).
+type GoodRecv = (u32, u64, u32, Option<u32>);
+
+/// The successful receive completions of a log, in log order.
+fn good_receives(log: &LogRead) -> impl Iterator<Item = GoodRecv> + '_ {
+    log.entries.iter().filter_map(|e| match *e {
+        Entry::Recv {
+            peer,
+            wr,
+            status: SUCCESS,
+            len,
+            imm,
+            ..
+        } => Some((peer, wr, len, imm)),
+        _ => None,
+    })
+}
+
 /// Fails `inv` unless `file` holds `want` at `off`; the message starts with `what()`.
 fn compare(
     inv: &mut Invariant,
@@ -366,23 +384,9 @@ mod tests {
     use super::fixture::Fixture;
     use super::*;
 
-    /// A two-node `mixed` run that did one of everything on each link, and drained.
-    fn busy() -> Fixture {
-        let mut fx = Fixture::new(2, Workload::Mixed);
-        for (i, j) in [(0, 1), (1, 0)] {
-            fx.write(i, j);
-            fx.send(i, j, 7);
-            fx.read(i, j, 0);
-            fx.faa(i, j);
-            fx.fin(i, j);
-        }
-        fx.end_all();
-        fx
-    }
-
     #[test]
     fn a_correct_run_passes_every_invariant_in_order() {
-        let fx = busy();
+        let fx = Fixture::busy(0);
         let result = check_read(&fx.input());
         let names: Vec<&str> = result.invariants.iter().map(|i| i.name.as_str()).collect();
         assert_eq!(
@@ -412,7 +416,7 @@ mod tests {
     fn check_reads_the_evidence_from_the_run_directory() {
         let dir = std::env::temp_dir().join(format!("softverbs-check-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut fx = busy();
+        let mut fx = Fixture::busy(0);
         let record = fx.write(0, 1);
         fx.flip(1, record);
         // The end line comes after the new WRITE.

@@ -172,23 +172,9 @@ mod tests {
     use super::*;
     use crate::run::layout::Workload;
 
-    /// A two-node `mixed` run that did one of everything on each link, and drained.
-    fn busy() -> Fixture {
-        let mut fx = Fixture::new(2, Workload::Mixed);
-        for (i, j) in [(0, 1), (1, 0)] {
-            fx.write(i, j);
-            fx.send(i, j, 7);
-            fx.read(i, j, 0);
-            fx.faa(i, j);
-            fx.fin(i, j);
-        }
-        fx.end_all();
-        fx
-    }
-
     #[test]
     fn a_run_that_wrote_only_where_it_addressed_passes() {
-        let mut fx = busy();
+        let mut fx = Fixture::busy(0);
         // Staging buffers are the node's own business.
         let stage = fx.link_base(0, 1) + layout::STAGE_OFF + 100;
         fx.put(0, stage, &[0xff; 64]);
@@ -199,7 +185,7 @@ mod tests {
 
     #[test]
     fn bytes_past_a_record_in_a_slot_tail_or_in_the_header_fail() {
-        let mut fx = busy();
+        let mut fx = Fixture::busy(0);
         let base = fx.link_base(1, 0);
         // Right after node 0's only WRITE record (64 bytes) at node 1.
         fx.put(1, base + layout::WRITE_OFF + 64, &[1]);

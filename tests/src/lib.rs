@@ -218,6 +218,7 @@ macro_rules! __conformance_cases {
                 channel_event_names_cq,
                 channel_wait_cq_event,
                 destroy_with_unacked_events_busy,
+                destroy_with_unread_event_succeeds,
                 channel_destroy_busy_while_cq_uses_it,
                 overflow_raises_cq_err,
             }

@@ -65,6 +65,25 @@ impl ChannelShared {
         Some(cq)
     }
 
+    /// How many events for CQ `cq` are queued and not yet taken by the application.
+    pub fn queued_for(&self, cq: u32) -> u32 {
+        let n = self.lock().iter().filter(|&&c| c == cq).count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Drops the queued events of CQ `cq` (and their readiness bytes): a destroyed CQ's events
+    /// that the application never read are never reported, as with libibverbs, where the kernel
+    /// discards them and `ibv_destroy_cq` waits only for the events it handed out.
+    pub fn discard(&self, cq: u32) {
+        let mut queue = self.lock();
+        let before = queue.len();
+        queue.retain(|&c| c != cq);
+        let mut byte = [0u8; 1];
+        for _ in queue.len()..before {
+            let _ = (&self.rx).read(&mut byte);
+        }
+    }
+
     /// The next event without blocking.
     pub fn try_get(&self) -> Option<u32> {
         let mut queue = self.lock();

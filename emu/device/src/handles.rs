@@ -350,7 +350,21 @@ impl<P: Port> verbs_api::CompletionQueue for Cq<P> {
     fn destroy(&self) -> Result<()> {
         let this = &self.0;
         this.ctx.query_live(&this.alive, "CQ", |st| {
-            st.hca.destroy_cq(this.id)?;
+            // Events still queued in the channel were never handed to the application, so
+            // they do not hold the CQ (libibverbs waits only for the events it reported);
+            // they go with it, or stay if the CQ cannot be destroyed.
+            let channel = this._channel.as_ref().map(|ch| &ch.0.shared);
+            let queued = channel.map_or(0, |ch| ch.queued_for(this.id.0));
+            st.hca.ack_cq_events(this.id, queued)?;
+            if let Err(e) = st.hca.destroy_cq(this.id) {
+                for _ in 0..queued {
+                    st.hca.cq_event_delivered(this.id);
+                }
+                return Err(e);
+            }
+            if let Some(ch) = channel {
+                ch.discard(this.id.0);
+            }
             this.alive.store(false, Ordering::Release);
             Ok(())
         })

@@ -924,15 +924,9 @@ impl Hca {
             return;
         };
         let qpn = pkt.bth.dest_qp;
-        let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
-            self.stats.count_drop(RxDropCause::UnknownQp);
+        let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Rc) else {
             return;
         };
-        if qp.qp_type != QpType::Rc {
-            // An RC opcode for a UD QP: the transport does not match (rxe drops it).
-            qp.rc.stats.count_drop(RxDropCause::Malformed);
-            return;
-        }
         if let Some(cause) = refusal(qp, &pkt, src.ip()) {
             qp.rc.stats.count_drop(cause);
             return;
@@ -962,14 +956,9 @@ impl Hca {
             return;
         };
         let qpn = pkt.bth.dest_qp;
-        let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
-            self.stats.count_drop(RxDropCause::UnknownQp);
+        let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Ud) else {
             return;
         };
-        if qp.qp_type != QpType::Ud {
-            qp.rc.stats.count_drop(RxDropCause::Malformed);
-            return;
-        }
         let mut ctx = Ctx {
             now,
             mrs: &self.mrs,
@@ -1418,6 +1407,26 @@ fn check_mr_access(access: AccessFlags) -> Result<()> {
 const OPTIONAL_ACCESS_RANGE: u32 = 0x3FF0_0000;
 
 /// `t − now` in nanoseconds, 0 if `t` is not after `now`.
+/// The QP a received packet for `qpn` goes to, if it exists and runs the packet's transport
+/// `ty`; otherwise the drop is counted (`unknown_qp` on the device, `malformed` on the QP: an
+/// RC opcode for a UD QP or the reverse does not match its transport, and rxe drops it too).
+fn receiving_qp<'a>(
+    qps: &'a mut Table<Qp>,
+    stats: &mut Stats,
+    qpn: u32,
+    ty: QpType,
+) -> Option<&'a mut Qp> {
+    let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| qps.get_mut(i)) else {
+        stats.count_drop(RxDropCause::UnknownQp);
+        return None;
+    };
+    if qp.qp_type != ty {
+        qp.rc.stats.count_drop(RxDropCause::Malformed);
+        return None;
+    }
+    Some(qp)
+}
+
 fn saturating_nanos(t: Instant, now: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(now).as_nanos()).unwrap_or(u64::MAX)
 }

@@ -80,6 +80,11 @@ fn fault_plan_corpus() {
 }
 
 #[test]
+fn run_plan_corpus() {
+    replay("run_plan", 10, targets::run_plan);
+}
+
+#[test]
 fn responder_corpus() {
     replay("responder", 10, targets::responder);
 }
@@ -163,4 +168,40 @@ fn fault_plan_seeds_cover_every_action() {
     ] {
         assert!(actions.contains(&name), "no valid seed plan uses `{name}`");
     }
+}
+
+/// The files of `target`'s corpus whose parse outcome disagrees with their name: `invalid_*`
+/// must be rejected, every other file accepted.
+fn misnamed<E: std::fmt::Debug>(
+    target: &str,
+    parse: impl Fn(&str) -> Result<(), E>,
+) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for entry in std::fs::read_dir(corpus_dir(target)).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let outcome = parse(&std::fs::read_to_string(&path).unwrap());
+        if outcome.is_err() != name.starts_with("invalid_") {
+            wrong.push(format!("{name}: {outcome:?}"));
+        }
+    }
+    wrong
+}
+
+#[test]
+fn run_plan_seeds_named_invalid_are_rejected_and_only_they() {
+    // The corpus doubles as the CLI's bad-input list: `invalid_*` plans must be refused (exit 2
+    // in `softverbs run`), every other seed accepted.
+    let wrong = misnamed("run_plan", |text| {
+        softverbs_cli::run::plan::parse(text, 1, 3).map(drop)
+    });
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+#[test]
+fn fault_plan_seeds_named_invalid_are_rejected_and_only_they() {
+    let wrong = misnamed("fault_plan", |text| {
+        emu_fault::FaultPlan::from_toml(text).map(drop)
+    });
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }

@@ -4,8 +4,8 @@
 //! the cargo-fuzz binaries in `fuzz/fuzz_targets/` call (nightly, `cfg(fuzzing)`), and the
 //! stable replay test `tests/tests/fuzz_corpus_replay.rs` of the root workspace, which includes
 //! it with `#[path]` and runs every file of `fuzz/corpus/<target>/` through it. Hence the rules
-//! for these files: depend on nothing but `std`, `verbs-api`, `emu-proto`, `emu-fault` and
-//! `emu-sim` (the replay test's crate has exactly these); no `cfg(fuzzing)` (the root workspace
+//! for these files: depend on nothing but `std`, `verbs-api`, `emu-proto`, `emu-fault`,
+//! `emu-sim` and `softverbs-cli` (the replay test's crate has exactly these); no `cfg(fuzzing)` (the root workspace
 //! does not declare that cfg); no `unwrap`/`expect` (root workspace lints); every `pub` item is
 //! a target the replay test calls (anything else would be dead code there).
 //!
@@ -508,4 +508,45 @@ fn run_injector(plan: FaultPlan, traffic: &[Datagram]) -> (Vec<Verdict>, u64) {
     ];
     assert_eq!(got, expect, "counters disagree with the verdicts");
     (verdicts, injector.trace_hash())
+}
+
+/// Nodes of the run a `run_plan` input is parsed for (node indices 0 to 2 exist).
+const RUN_PLAN_NODES: u32 = 3;
+
+/// Fuzz target `run_plan`: arbitrary bytes as the plan file of `softverbs run --faults`
+/// (`softverbs_cli::run::plan::parse`, for a run of 3 nodes and seed 1).
+///
+/// Asserts, for every input: a rejected plan has a non-empty message whose position, when
+/// given, lies inside the text; an accepted plan names only existing nodes, keeps every time
+/// within [`softverbs_cli::run::plan::MAX_TIME`] (so no sum the harness forms overflows), gives
+/// every pause a duration and nothing else one, and carries a valid network plan.
+pub fn run_plan(data: &[u8]) {
+    use softverbs_cli::run::plan::{self, MAX_TIME, ProcessAction, Trigger};
+    let Ok(text) = core::str::from_utf8(data) else {
+        return;
+    };
+    let parsed = match plan::parse(text, 1, RUN_PLAN_NODES) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            assert!(!e.message.is_empty(), "empty message: {e:?}");
+            if let Some(pos) = e.position {
+                assert!(pos.line >= 1 && pos.column >= 1, "{e}");
+                assert!(pos.line <= text.split('\n').count(), "{e}");
+            }
+            return;
+        }
+    };
+    assert_eq!(parsed.network.validate(), Ok(()));
+    for fault in &parsed.process {
+        assert!(fault.node < RUN_PLAN_NODES, "{fault:?}");
+        if let Trigger::At(at) = fault.trigger {
+            assert!(at <= MAX_TIME, "{fault:?}");
+        }
+        match (fault.action, fault.duration) {
+            (ProcessAction::Pause, Some(d)) => assert!(d <= MAX_TIME, "{fault:?}"),
+            (ProcessAction::Pause, None) => panic!("pause without a duration: {fault:?}"),
+            (_, Some(_)) => panic!("a duration on a non-pause fault: {fault:?}"),
+            (_, None) => {}
+        }
+    }
 }

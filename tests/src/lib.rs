@@ -229,7 +229,7 @@ macro_rules! __conformance_cases {
                 create_send_sge_above_limit_invalid,
                 create_recv_sge_above_limit_invalid,
                 create_inline_above_limit_invalid,
-                create_uc_supported_or_not,
+                create_uc_in_reset,
                 create_ud_supported_or_not,
                 qp_numbers_unique_24bit,
                 create_foreign_objects_invalid,
@@ -374,6 +374,22 @@ macro_rules! __conformance_cases {
                 rnr_retry_exceeded,
                 rnr_retry_infinite_then_recv,
                 retry_exceeded_peer_gone,
+            }
+            uc {
+                uc_init_mask,
+                uc_rtr_with_rc_attributes_invalid,
+                uc_rtr_missing_each_required,
+                uc_rts_with_retry_attributes_invalid,
+                uc_err_flushes_and_resets,
+                uc_post_rdma_read_rejected,
+                uc_post_atomic_rejected,
+                uc_send_small,
+                uc_send_segmented_at_path_mtu,
+                uc_write_and_write_with_imm_land,
+                uc_no_recv_wqe_drops,
+                uc_write_without_remote_write_dropped,
+                uc_requester_completes_without_a_peer,
+                uc_many_messages_in_order,
             }
             ud {
                 ud_create_in_reset,

@@ -166,6 +166,7 @@ macro_rules! __conformance_cases {
                 query_port_zero_invalid,
                 query_port_beyond_count_invalid,
                 query_gid_index_zero,
+                query_gid_empty_entries_read_zero,
                 query_gid_beyond_table_invalid,
                 query_gid_bad_port_invalid,
                 query_pkey_index_zero_default,

@@ -308,13 +308,29 @@ fn devices_ports_and_gids() {
         let mut gid = ibv_gid::default();
         assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
         assert_eq!(gid.raw[10..], [0xff, 0xff, 127, 0, 91, 2]);
-        assert_eq!(ibv_query_gid(ctx, 1, 1, &mut gid), -1);
+        // A table of 16 entries, only index 0 populated: an empty entry reads as the zero GID
+        // through ibv_query_gid and as ENODATA through ibv_query_gid_ex, as in rdma-core.
+        assert_eq!(pa.gid_tbl_len, 16);
+        assert_eq!(ibv_query_gid(ctx, 1, 1, &mut gid), 0);
+        assert_eq!(gid.raw, [0; 16]);
+        assert_eq!(ibv_query_gid(ctx, 1, 16, &mut gid), -1);
         let mut t = 0;
         assert_eq!(ibv_query_gid_type(ctx, 1, 0, &mut t), 0);
         assert_eq!(t, IBV_GID_TYPE_SYSFS_ROCE_V2);
         let mut entry = ibv_gid_entry::default();
         assert_eq!(_ibv_query_gid_ex(ctx, 1, 0, &mut entry, 0, 32), 0);
         assert_eq!(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+        assert_eq!(
+            _ibv_query_gid_ex(ctx, 1, 5, &mut entry, 0, 32),
+            libc::ENODATA
+        );
+        assert_eq!(
+            _ibv_query_gid_ex(ctx, 1, 16, &mut entry, 0, 32),
+            libc::EINVAL
+        );
+        let mut table = [ibv_gid_entry::default(); 16];
+        assert_eq!(_ibv_query_gid_table(ctx, table.as_mut_ptr(), 16, 0, 32), 1);
+        assert_eq!(table[0].gid_index, 0);
         let mut pkey = 0;
         assert_eq!(ibv_query_pkey(ctx, 1, 0, &mut pkey), 0);
         assert_eq!(pkey, 0xffffu16.to_be());

@@ -61,6 +61,10 @@ pub struct Transmit {
 /// The buffer size [`Hca::poll_transmit`] needs.
 pub const MAX_PACKET_LEN: usize = rc::MAX_PACKET_LEN;
 
+/// Entries of port 1's GID table: a realistic length (RoCE HCAs have tens to hundreds, rxe
+/// 1024), of which only index 0, the device's address, is populated.
+pub const GID_TBL_LEN: u32 = 16;
+
 /// The first QP number handed out (QPN 0 and 1 are the special QPs; rxe starts at 0x11).
 pub const FIRST_QPN: u32 = 0x11;
 
@@ -173,7 +177,7 @@ impl Hca {
             state: PortState::Active,
             max_mtu: self.config.max_mtu,
             active_mtu: self.config.active_mtu,
-            gid_tbl_len: 1,
+            gid_tbl_len: GID_TBL_LEN,
             port_cap_flags: 0,
             max_msg_sz: self.config.limits.max_msg_sz,
             pkey_tbl_len: 1,
@@ -182,15 +186,18 @@ impl Hca {
         })
     }
 
-    /// `ibv_query_gid`: index 0 of port 1 holds the device's GID.
+    /// `ibv_query_gid`: index 0 of port 1 holds the device's GID; the other entries of the
+    /// [`GID_TBL_LEN`]-entry table are empty and read as the zero GID (as `ibv_query_gid`
+    /// reports an empty entry); an index beyond the table is `InvalidArgument`.
     pub fn gid(&self, port_num: u8, index: u32) -> Result<Gid> {
         check_port(port_num)?;
-        if index != 0 {
-            return Err(Error::invalid(format!(
-                "GID index {index} out of range (table length 1)"
-            )));
+        match index {
+            0 => Ok(self.config.gid),
+            i if i < GID_TBL_LEN => Ok(Gid::default()),
+            _ => Err(Error::invalid(format!(
+                "GID index {index} out of range (table length {GID_TBL_LEN})"
+            ))),
         }
-        Ok(self.config.gid)
     }
 
     /// `ibv_query_pkey`: index 0 holds the default P_Key 0xFFFF.

@@ -317,7 +317,7 @@ fn check_values(
             return bad("ah_attr.port_num must be 1");
         }
         if ah.sgid_index != 0 {
-            return bad("ah_attr.sgid_index out of range (GID table length 1)");
+            return bad("ah_attr.sgid_index names no GID (only index 0 holds one)");
         }
         if ah.dgid.is_zero() {
             return bad("ah_attr.dgid is zero: RoCE needs a global address");

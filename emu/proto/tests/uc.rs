@@ -10,10 +10,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use common::VecMemory;
 use emu_proto::wire::{Bth, IpContext, check_icrc};
-use emu_proto::{CqId, Hca, HcaConfig, Instant, MAX_PACKET_LEN, Memory, MrInfo, RxDropCause};
+use emu_proto::{
+    CqId, Hca, HcaConfig, Instant, MAX_PACKET_LEN, Memory, MrInfo, RxDropCause, SrqId,
+};
 use verbs_api::{
     AccessFlags, AhAttr, ErrorKind, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType, RecvWr, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    QpType, RecvWr, SendOp, SendWr, Sge, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const A_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
@@ -26,6 +28,7 @@ type Packets = Vec<(u16, Vec<u8>)>;
 struct Node {
     hca: Hca,
     mem: VecMemory,
+    srq: Option<SrqId>,
     cq: CqId,
     qpn: u32,
     mr: MrInfo,
@@ -51,10 +54,23 @@ fn uc_init() -> QpInitAttr {
 
 impl Node {
     fn new(ip: Ipv4Addr, access: AccessFlags) -> Node {
+        Node::build(ip, access, false)
+    }
+
+    /// A node whose QP receives through an SRQ (`srq` true).
+    fn build(ip: Ipv4Addr, access: AccessFlags, srq: bool) -> Node {
         let mut hca = Hca::new(HcaConfig::new("uc", Gid::from_ip(ip.into()), 7));
         let pd = hca.alloc_pd().unwrap();
         let cq = hca.create_cq(64, None).unwrap();
-        let qpn = hca.create_qp(pd, cq, cq, None, &uc_init()).unwrap();
+        let srq = srq.then(|| {
+            let attr = SrqAttr {
+                max_wr: 16,
+                max_sge: 2,
+                srq_limit: 0,
+            };
+            hca.create_srq(pd, &attr).unwrap()
+        });
+        let qpn = hca.create_qp(pd, cq, cq, srq, &uc_init()).unwrap();
         let mr = hca
             .reg_mr(
                 pd,
@@ -68,6 +84,7 @@ impl Node {
         let mut n = Node {
             hca,
             mem,
+            srq,
             cq,
             qpn,
             mr,
@@ -110,9 +127,11 @@ impl Node {
 
     fn recv(&mut self, wr_id: u64, off: u64, len: u32) {
         let sge = [self.sge(off, len)];
-        self.hca
-            .post_recv(self.qpn, &[RecvWr::new(wr_id, &sge)])
-            .unwrap();
+        let wr = [RecvWr::new(wr_id, &sge)];
+        match self.srq {
+            Some(srq) => self.hca.post_srq_recv(srq, &wr).unwrap(),
+            None => self.hca.post_recv(self.qpn, &wr).unwrap(),
+        }
     }
 
     fn transmit(&mut self) -> Packets {
@@ -515,4 +534,25 @@ fn rc_packets_for_a_uc_qp_are_refused() {
     b.deliver(A_IP, &pkts[0]);
     assert!(b.wcs().is_empty());
     assert_eq!(b.drops(RxDropCause::Malformed), 1);
+}
+
+#[test]
+fn a_cut_off_send_gives_its_srq_wqe_back() {
+    let mut a = Node::new(A_IP, AccessFlags::REMOTE_WRITE);
+    let mut b = Node::build(B_IP, AccessFlags::REMOTE_WRITE, true);
+    let (aq, bq) = (a.qpn, b.qpn);
+    connect(&mut a, B_IP, bq);
+    connect(&mut b, A_IP, aq);
+    b.recv(1, 0, 1024);
+    b.recv(2, 1024, 1024);
+    let first = post_msg(&mut a, 1, SendOp::Send, 700, 1);
+    b.deliver(A_IP, &first[0]);
+    b.deliver(A_IP, &first[2]);
+    let second = post_msg(&mut a, 2, SendOp::Send, 100, 2);
+    b.deliver(A_IP, &second[0]);
+    assert_eq!(
+        recv_wcs(&mut b),
+        vec![(1, WcStatus::Success, WcOpcode::Recv, 100)]
+    );
+    assert_eq!(b.read(0, 100), pattern(100, 2));
 }

@@ -82,8 +82,9 @@ pub trait Context: Clone + Send + Sync + 'static {
     /// `phys_port_cnt` fails with `InvalidArgument`.
     fn query_port(&self, port_num: u8) -> Result<PortAttr>;
 
-    /// The GID at `index` of the port's GID table (`ibv_query_gid`); an index at or above
-    /// `gid_tbl_len` fails with `InvalidArgument`.
+    /// The GID at `index` of the port's GID table (`ibv_query_gid`); an empty entry reads as
+    /// the zero GID, as `ibv_query_gid` reports it; an index at or above `gid_tbl_len` fails
+    /// with `InvalidArgument`.
     fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid>;
 
     /// The P_Key at `index` (`ibv_query_pkey`); RoCE ports hold 0xFFFF at index 0.

@@ -113,8 +113,8 @@ impl Mtu {
     }
 }
 
-/// QP transport type (`ibv_qp_type`). Only RC is implemented by the emulator today; creating
-/// another type returns [`ErrorKind::NotSupported`](crate::ErrorKind::NotSupported).
+/// QP transport type (`ibv_qp_type`). The emulator implements all three; a backend without
+/// one answers [`ErrorKind::NotSupported`](crate::ErrorKind::NotSupported) at creation.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[repr(u32)]
 pub enum QpType {

@@ -655,7 +655,8 @@ fn gid_of(context: *mut ibv_context, port_num: u8, index: u32) -> Result<ibv_gid
     Ok(ibv_gid { raw: g.0 })
 }
 
-/// `ibv_query_gid`: 0, or −1 with `errno`.
+/// `ibv_query_gid`: 0 (an empty entry reads as the zero GID, as in rdma-core), or −1 with
+/// `errno`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_gid(
     context: *mut ibv_context,
@@ -686,9 +687,15 @@ pub unsafe extern "C" fn ibv_query_gid(
     })
 }
 
+/// The entry at `index`; an empty one (the zero GID) is `ENODATA`, as rdma-core's
+/// `ibv_query_gid_ex` reports it.
 fn gid_entry(context: *mut ibv_context, port_num: u8, index: u32) -> Result<ibv_gid_entry, c_int> {
+    let gid = gid_of(context, port_num, index)?;
+    if gid.raw == [0; 16] {
+        return Err(libc::ENODATA);
+    }
     Ok(ibv_gid_entry {
-        gid: gid_of(context, port_num, index)?,
+        gid,
         gid_index: index,
         port_num: u32::from(port_num),
         gid_type: IBV_GID_TYPE_ROCE_V2,
@@ -696,7 +703,8 @@ fn gid_entry(context: *mut ibv_context, port_num: u8, index: u32) -> Result<ibv_
     })
 }
 
-/// `_ibv_query_gid_ex` (behind the `ibv_query_gid_ex` macro): 0 or an errno.
+/// `_ibv_query_gid_ex` (behind the `ibv_query_gid_ex` macro): 0 or an errno (`ENODATA` for
+/// an empty entry of the table).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn _ibv_query_gid_ex(
     context: *mut ibv_context,
@@ -724,8 +732,8 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     })
 }
 
-/// `_ibv_query_gid_table` (behind `ibv_query_gid_table`): the number of entries written, or
-/// a negative errno.
+/// `_ibv_query_gid_table` (behind `ibv_query_gid_table`): the number of entries written (the
+/// populated ones: index 0 only), or a negative errno.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn _ibv_query_gid_table(
     context: *mut ibv_context,
@@ -751,7 +759,8 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     })
 }
 
-/// `ibv_query_gid_type@IBVERBS_PRIVATE_34` (`ibv_devinfo`): every GID is RoCE v2.
+/// `ibv_query_gid_type@IBVERBS_PRIVATE_34` (`ibv_devinfo`): every GID is RoCE v2; an empty
+/// entry has no type (−1, `errno` `ENODATA`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_gid_type(
     context: *mut ibv_context,
@@ -764,7 +773,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
             set_errno(libc::EINVAL);
             return -1;
         }
-        match gid_of(context, port_num, index) {
+        match gid_entry(context, port_num, index) {
             Ok(_) => {
                 // SAFETY: the caller's enum slot.
                 unsafe { gid_type.write(IBV_GID_TYPE_SYSFS_ROCE_V2) };

@@ -3,8 +3,9 @@
 //!
 //! Both posting paths collect work requests into a `Batch` (SGEs and inline bytes copied
 //! into two flat vectors, so a post allocates nothing once the thread's batch has grown) and
-//! post it with one `post_send` of the UDP QP. Only RC is offered; UD, UC, XRC, memory
-//! windows, TSO and invalidation answer `EOPNOTSUPP`.
+//! post it with one `post_send` of the UDP QP. RC and UC are offered (a UC QP takes the
+//! same calls; the engine refuses RC-only masks and operations); UD, XRC, memory windows,
+//! TSO and invalidation answer `EOPNOTSUPP`.
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
@@ -241,7 +242,7 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
     Ok(sv)
 }
 
-/// `ibv_create_qp`: RC only (`EOPNOTSUPP` for other types); the granted capacities are
+/// `ibv_create_qp`: RC and UC (`EOPNOTSUPP` for other types); the granted capacities are
 /// written back into `qp_init_attr->cap`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_qp(
@@ -263,7 +264,8 @@ const QP_EX_MASKS: u32 =
     IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 
 /// `verbs_context.create_qp_ex`: `comp_mask` PD (required), SEND_OPS_FLAGS (RC operations
-/// only) and CREATE_FLAGS (0 only); anything else `EOPNOTSUPP`.
+/// only; a UC QP's READ/atomic builders fail at `wr_complete`) and CREATE_FLAGS (0 only);
+/// anything else `EOPNOTSUPP`.
 pub unsafe extern "C" fn create_qp_ex(
     _context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,

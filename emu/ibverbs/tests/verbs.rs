@@ -61,6 +61,11 @@ struct Node {
 impl Node {
     /// A context, PD, MR over `buf`, a CQ and an RC QP (extended when `ex`).
     fn new(i: usize, ex: bool) -> Node {
+        Node::typed(i, ex, 2)
+    }
+
+    /// [`Node::new`] with a QP of type `qp_type` (`IBV_QPT_*`).
+    fn typed(i: usize, ex: bool, qp_type: u32) -> Node {
         let ctx = open(i);
         unsafe {
             let pd = ibv_alloc_pd(ctx);
@@ -88,7 +93,7 @@ impl Node {
                 qattr.send_cq = cq;
                 qattr.recv_cq = cq;
                 qattr.cap = cap();
-                qattr.qp_type = 2;
+                qattr.qp_type = qp_type;
                 qattr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
                 qattr.pd = pd;
                 qattr.send_ops_flags = IBV_QP_EX_RC_OPS;
@@ -104,7 +109,7 @@ impl Node {
                     recv_cq: cq,
                     srq: null_mut(),
                     cap: cap(),
-                    qp_type: 2,
+                    qp_type,
                     sq_sig_all: 0,
                 };
                 let qp = ibv_create_qp(pd, &mut init);
@@ -303,13 +308,29 @@ fn devices_ports_and_gids() {
         let mut gid = ibv_gid::default();
         assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
         assert_eq!(gid.raw[10..], [0xff, 0xff, 127, 0, 91, 2]);
-        assert_eq!(ibv_query_gid(ctx, 1, 1, &mut gid), -1);
+        // A table of 16 entries, only index 0 populated: an empty entry reads as the zero GID
+        // through ibv_query_gid and as ENODATA through ibv_query_gid_ex, as in rdma-core.
+        assert_eq!(pa.gid_tbl_len, 16);
+        assert_eq!(ibv_query_gid(ctx, 1, 1, &mut gid), 0);
+        assert_eq!(gid.raw, [0; 16]);
+        assert_eq!(ibv_query_gid(ctx, 1, 16, &mut gid), -1);
         let mut t = 0;
         assert_eq!(ibv_query_gid_type(ctx, 1, 0, &mut t), 0);
         assert_eq!(t, IBV_GID_TYPE_SYSFS_ROCE_V2);
         let mut entry = ibv_gid_entry::default();
         assert_eq!(_ibv_query_gid_ex(ctx, 1, 0, &mut entry, 0, 32), 0);
         assert_eq!(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+        assert_eq!(
+            _ibv_query_gid_ex(ctx, 1, 5, &mut entry, 0, 32),
+            libc::ENODATA
+        );
+        assert_eq!(
+            _ibv_query_gid_ex(ctx, 1, 16, &mut entry, 0, 32),
+            libc::EINVAL
+        );
+        let mut table = [ibv_gid_entry::default(); 16];
+        assert_eq!(_ibv_query_gid_table(ctx, table.as_mut_ptr(), 16, 0, 32), 1);
+        assert_eq!(table[0].gid_index, 0);
         let mut pkey = 0;
         assert_eq!(ibv_query_pkey(ctx, 1, 0, &mut pkey), 0);
         assert_eq!(pkey, 0xffffu16.to_be());
@@ -736,5 +757,113 @@ fn srq_receives_for_its_qps() {
         assert_eq!(ibv_dereg_mr(mr), 0);
         assert_eq!(ibv_dealloc_pd(pd), 0);
         assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+/// RESET → INIT → RTR → RTS of a UC QP towards `peer`, with UC's masks (RC's RTR and RTS
+/// attributes for READ/atomics, RNR and retries are refused).
+fn connect_uc(a: &Node, peer: &Node) {
+    let mut attr = ibv_qp_attr {
+        qp_state: 1,
+        port_num: 1,
+        qp_access_flags: 2, // REMOTE_WRITE
+        ..Default::default()
+    };
+    assert_eq!(modify(a.qp, &mut attr, 1 | 8 | 16 | 32), 0);
+    let mut attr = ibv_qp_attr {
+        qp_state: 2,
+        path_mtu: 1,
+        dest_qp_num: unsafe { (*peer.qp).qp_num },
+        rq_psn: 7,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 12,
+        ..Default::default()
+    };
+    attr.ah_attr.is_global = 1;
+    attr.ah_attr.port_num = 1;
+    attr.ah_attr.grh.dgid = peer.gid();
+    attr.ah_attr.grh.hop_limit = 64;
+    let rtr = 1 | (1 << 7) | (1 << 8) | (1 << 20) | (1 << 12);
+    let rc_only = (1 << 17) | (1 << 15); // MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER
+    assert_eq!(modify(a.qp, &mut attr, rtr | rc_only), libc::EINVAL);
+    assert_eq!(modify(a.qp, &mut attr, rtr), 0, "RTR");
+    let mut attr = ibv_qp_attr {
+        qp_state: 3,
+        sq_psn: 7,
+        timeout: 14,
+        ..Default::default()
+    };
+    assert_eq!(
+        modify(a.qp, &mut attr, 1 | (1 << 16) | (1 << 9)),
+        libc::EINVAL
+    );
+    assert_eq!(modify(a.qp, &mut attr, 1 | (1 << 16)), 0, "RTS");
+    assert_eq!(unsafe { (*a.qp).state }, 3);
+}
+
+#[test]
+fn uc_qps_send_and_write_through_both_posting_paths() {
+    for ex in [false, true] {
+        let (mut a, b) = (Node::typed(0, ex, 3), Node::typed(1, ex, 3));
+        connect_uc(&a, &b);
+        connect_uc(&b, &a);
+        let b_rkey = unsafe { (*b.mr).rkey };
+        unsafe {
+            let mut qattr = ibv_qp_attr::default();
+            let mut init: ibv_qp_init_attr = std::mem::zeroed();
+            assert_eq!(ibv_query_qp(a.qp, &mut qattr, 1, &mut init), 0);
+            assert_eq!((init.qp_type, qattr.qp_state, qattr.path_mtu), (3, 3, 1));
+        }
+        // ibv_post_send: a 600-byte SEND (three 256-byte packets) and a WRITE_WITH_IMM.
+        for (i, byte) in a.buf[..600].iter_mut().enumerate() {
+            *byte = i as u8;
+        }
+        let mut rsge = b.sge(0, 1024);
+        b.post_recv(&mut rsge, 1);
+        let mut rsge = b.sge(3000, 16);
+        b.post_recv(&mut rsge, 2);
+        let mut sge = a.sge(0, 600);
+        let mut wr = send_wr(2, &mut sge, 10); // SEND
+        assert_eq!(a.post_send(&mut wr), 0);
+        let mut sge = a.sge(0, 300);
+        let mut wr = send_wr(1, &mut sge, 11); // RDMA_WRITE_WITH_IMM
+        wr.imm_data = 5u32.to_be();
+        wr.wr.rdma.remote_addr = b.addr() + 2000;
+        wr.wr.rdma.rkey = b_rkey;
+        assert_eq!(a.post_send(&mut wr), 0);
+        let ids: Vec<(u64, u32)> = a.poll(2).iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(ids, vec![(10, 0), (11, 0)]);
+        let wc = b.poll(2);
+        assert_eq!((wc[0].wr_id, wc[0].byte_len, wc[0].opcode), (1, 600, 128));
+        assert_eq!((wc[1].wr_id, wc[1].byte_len, wc[1].opcode), (2, 300, 129));
+        assert_eq!(u32::from_be(wc[1].imm_data), 5);
+        assert_eq!(b.buf[..600], a.buf[..600]);
+        assert_eq!(b.buf[2000..2300], a.buf[..300]);
+        // READ is not a UC operation.
+        let mut sge = a.sge(0, 8);
+        let mut wr = send_wr(4, &mut sge, 12);
+        assert_eq!(a.post_send(&mut wr), libc::EINVAL);
+        // The ibv_qp_ex builder: send_imm and rdma_write.
+        let mut rsge = b.sge(1000, 64);
+        b.post_recv(&mut rsge, 3);
+        unsafe {
+            let qpx = ibv_qp_to_qp_ex(a.qp);
+            a.buf[..3].copy_from_slice(b"abc");
+            ((*qpx).wr_start.unwrap())(qpx);
+            (*qpx).wr_id = 20;
+            (*qpx).wr_flags = 2;
+            ((*qpx).wr_rdma_write.unwrap())(qpx, b_rkey, b.addr() + 3500);
+            ((*qpx).wr_set_sge.unwrap())(qpx, (*a.mr).lkey, a.addr(), 3);
+            (*qpx).wr_id = 21;
+            ((*qpx).wr_send_imm.unwrap())(qpx, 8u32.to_be());
+            ((*qpx).wr_set_sge.unwrap())(qpx, (*a.mr).lkey, a.addr(), 3);
+            assert_eq!(((*qpx).wr_complete.unwrap())(qpx), 0);
+        }
+        let ids: Vec<u64> = a.poll(2).iter().map(|w| w.wr_id).collect();
+        assert_eq!(ids, vec![20, 21]);
+        let wc = b.poll(1);
+        assert_eq!((wc[0].wr_id, wc[0].byte_len), (3, 3));
+        assert_eq!(&b.buf[3500..3503], b"abc");
+        assert_eq!(&b.buf[1000..1003], b"abc");
     }
 }

@@ -61,6 +61,10 @@ pub struct Transmit {
 /// The buffer size [`Hca::poll_transmit`] needs.
 pub const MAX_PACKET_LEN: usize = rc::MAX_PACKET_LEN;
 
+/// Entries of port 1's GID table: a realistic length (RoCE HCAs have tens to hundreds, rxe
+/// 1024), of which only index 0, the device's address, is populated.
+pub const GID_TBL_LEN: u32 = 16;
+
 /// The first QP number handed out (QPN 0 and 1 are the special QPs; rxe starts at 0x11).
 pub const FIRST_QPN: u32 = 0x11;
 
@@ -173,7 +177,7 @@ impl Hca {
             state: PortState::Active,
             max_mtu: self.config.max_mtu,
             active_mtu: self.config.active_mtu,
-            gid_tbl_len: 1,
+            gid_tbl_len: GID_TBL_LEN,
             port_cap_flags: 0,
             max_msg_sz: self.config.limits.max_msg_sz,
             pkey_tbl_len: 1,
@@ -182,15 +186,18 @@ impl Hca {
         })
     }
 
-    /// `ibv_query_gid`: index 0 of port 1 holds the device's GID.
+    /// `ibv_query_gid`: index 0 of port 1 holds the device's GID; the other entries of the
+    /// [`GID_TBL_LEN`]-entry table are empty and read as the zero GID (as `ibv_query_gid`
+    /// reports an empty entry); an index beyond the table is `InvalidArgument`.
     pub fn gid(&self, port_num: u8, index: u32) -> Result<Gid> {
         check_port(port_num)?;
-        if index != 0 {
-            return Err(Error::invalid(format!(
-                "GID index {index} out of range (table length 1)"
-            )));
+        match index {
+            0 => Ok(self.config.gid),
+            i if i < GID_TBL_LEN => Ok(Gid::default()),
+            _ => Err(Error::invalid(format!(
+                "GID index {index} out of range (table length {GID_TBL_LEN})"
+            ))),
         }
-        Ok(self.config.gid)
     }
 
     /// `ibv_query_pkey`: index 0 holds the default P_Key 0xFFFF.
@@ -602,9 +609,9 @@ impl Hca {
 
     // ---- (C) commands: QP ------------------------------------------------------------------
 
-    /// `ibv_create_qp`: a QP in RESET. Errors: unknown PD/CQ/SRQ or an SRQ of another PD
-    /// (`InvalidArgument`), capacities above the device limits (`InvalidArgument`), a type
-    /// other than RC and UD (`NotSupported`), `max_qp` QPs (`NoMemory`).
+    /// `ibv_create_qp`: a QP in RESET (RC, UC or UD). Errors: unknown PD/CQ/SRQ or an SRQ of
+    /// another PD (`InvalidArgument`), capacities above the device limits (`InvalidArgument`),
+    /// `max_qp` QPs (`NoMemory`).
     pub fn create_qp(
         &mut self,
         pd: PdId,
@@ -613,12 +620,6 @@ impl Hca {
         srq: Option<SrqId>,
         init: &QpInitAttr,
     ) -> Result<u32> {
-        if !matches!(init.qp_type, QpType::Rc | QpType::Ud) {
-            return Err(Error::unsupported(format!(
-                "{:?} QPs are not implemented",
-                init.qp_type
-            )));
-        }
         self.pds
             .get(pd.0)
             .ok_or_else(|| Error::invalid("no such PD"))?;
@@ -765,8 +766,8 @@ impl Hca {
 
     /// `ibv_post_send` (rc-transport.md §5.2): allowed in RTS and SQD (queued); in ERR each WR
     /// completes at once with `WR_FLUSH_ERR`; `InvalidState` in RESET, INIT, RTR (and SQE).
-    /// Each WR is checked before it is queued; the first bad one stops the batch. On a UD QP a
-    /// WR must be SEND or SEND_WITH_IMM with a UD destination naming a live AH
+    /// Each WR is checked before it is queued; the first bad one stops the batch. On a UC QP
+    /// READ and atomics are `InvalidArgument`. On a UD QP a WR must be SEND or SEND_WITH_IMM with a UD destination naming a live AH
     /// (`InvalidArgument` otherwise); its address is copied at post time.
     pub fn post_send(
         &mut self,
@@ -891,8 +892,9 @@ impl Hca {
     /// Feeds one received RoCEv2 UDP payload from `src` (rxe's receive path, rc-transport.md
     /// §1.10): a bad ICRC, a malformed packet, an unknown QP, a QP in the wrong state, a source
     /// other than the QP's peer or a foreign P_Key is counted and dropped, never answered.
-    /// Requests go to the responder, responses to the completer; UD datagrams to the UD receive
-    /// side (`crate::ud`: Q_Key and P_Key checks, GRH, silent drop without a receive WQE), and
+    /// Requests go to the responder, responses to the completer; UC requests to the UC
+    /// responder (`crate::uc`: whole messages only, never an answer); UD datagrams to the UD
+    /// receive side (`crate::ud`: Q_Key and P_Key checks, GRH, silent drop without a receive WQE), and
     /// a packet whose transport does not match its QP's type is dropped as malformed. Never
     /// panics on any input.
     pub fn handle_datagram(
@@ -917,6 +919,10 @@ impl Hca {
         }
         if bytes.first().is_some_and(|b| crate::ud::is_ud_opcode(*b)) {
             self.handle_ud(now, &ip, bytes, mem);
+            return;
+        }
+        if bytes.first().is_some_and(|b| crate::uc::is_uc_opcode(*b)) {
+            self.handle_uc(now, src.ip(), bytes, mem);
             return;
         }
         let Ok(pkt) = PacketRepr::parse(&Packet::new_unchecked(bytes)) else {
@@ -947,6 +953,33 @@ impl Hca {
             completer::handle_response(qp, &mut ctx, &pkt) == completer::Disposition::Fatal
         };
         self.after_step(qpn, fatal, true);
+    }
+
+    /// A UC request (ICRC checked): to its UC QP's responder, or dropped and counted.
+    fn handle_uc(&mut self, now: Instant, src: IpAddr, bytes: &[u8], mem: &dyn Memory) {
+        let mut scratch = [0u8; MAX_PACKET_LEN];
+        let Some(pkt) = crate::uc::parse(bytes, &mut scratch) else {
+            self.stats.count_drop(RxDropCause::Malformed);
+            return;
+        };
+        let qpn = pkt.bth.dest_qp;
+        let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Uc) else {
+            return;
+        };
+        if let Some(cause) = refusal(qp, &pkt, src) {
+            qp.rc.stats.count_drop(cause);
+            return;
+        }
+        let mut ctx = Ctx {
+            now,
+            mrs: &self.mrs,
+            srqs: &mut self.srqs,
+            mem,
+            wcs: &mut self.wcs,
+            events: &mut self.events,
+        };
+        let fatal = crate::uc::receive(qp, &mut ctx, &pkt);
+        self.after_step(qpn, fatal, false);
     }
 
     /// A UD datagram (ICRC checked): to its UD QP's receive side, or dropped and counted.

@@ -1,5 +1,5 @@
-//! Queue pairs: the QP object, its attribute/state machine (rc-transport.md §5.1; UD's masks
-//! from the kernel's `qp_state_table`) and the validation of posted work (§5.2).
+//! Queue pairs: the QP object, its attribute/state machine (rc-transport.md §5.1; UC's and
+//! UD's masks from the kernel's `qp_state_table`) and the validation of posted work (§5.2).
 //!
 //! This module decides whether a `modify` or a post is legal and what it changes; it moves no
 //! data. The RC transport engines (requester, completer, responder) consume the queues kept
@@ -187,6 +187,38 @@ pub(crate) fn ud_transition(from: QpState, to: QpState) -> Option<(QpAttrMask, Q
     })
 }
 
+/// Required and optional mask bits of a UC transition, or `None` if it is illegal (the
+/// kernel's `qp_state_table`): RC's path and access attributes without the ones that only
+/// serve acknowledgements, retries and RDMA READ/atomics (`MAX_DEST_RD_ATOMIC`,
+/// `MIN_RNR_TIMER`, `TIMEOUT`, `RETRY_CNT`, `RNR_RETRY`, `MAX_QP_RD_ATOMIC`); like UD, SQE →
+/// RTS is legal.
+pub(crate) fn uc_transition(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+    use QpAttrMask as M;
+    use QpState::*;
+    let none = M::empty();
+    let path = M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE;
+    Some(match (from, to) {
+        (Reset, Reset) => (none, none),
+        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
+        (Init, Init) => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        (Init, Rtr) => (
+            M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+        ),
+        (Rtr, Rts) => (M::SQ_PSN, path),
+        (Rts, Rts) | (Sqd, Rts) => (none, path),
+        (Sqe, Rts) => (none, M::CUR_STATE | M::ACCESS_FLAGS),
+        (Rts, Sqd) => (none, M::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => (
+            none,
+            M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
+        ),
+        (Init | Rtr | Rts | Sqd | Sqe | Err, Reset) => (none, none),
+        (Init | Rtr | Rts | Sqd | Sqe | Err, Err) => (none, none),
+        _ => return None,
+    })
+}
+
 /// What a legal `modify` asks for, once checked.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Transition {
@@ -220,11 +252,7 @@ pub(crate) fn check_modify(
     let table = match qp.qp_type {
         QpType::Rc => rc_transition,
         QpType::Ud => ud_transition,
-        other => {
-            return Err(Error::unsupported(format!(
-                "{other:?} QPs are not implemented"
-            )));
-        }
+        QpType::Uc => uc_transition,
     };
     let (required, optional) = table(from, to).ok_or_else(|| {
         Error::state(format!(
@@ -289,7 +317,7 @@ fn check_values(
             return bad("ah_attr.port_num must be 1");
         }
         if ah.sgid_index != 0 {
-            return bad("ah_attr.sgid_index out of range (GID table length 1)");
+            return bad("ah_attr.sgid_index names no GID (only index 0 holds one)");
         }
         if ah.dgid.is_zero() {
             return bad("ah_attr.dgid is zero: RoCE needs a global address");
@@ -398,6 +426,11 @@ pub(crate) fn check_send_wr(qp: &Qp, wr: &SendWr<'_>, limits: &Limits) -> Result
             ));
         }
     }
+    if qp.qp_type == QpType::Uc && wr.op.is_read_or_atomic() {
+        return Err(Error::invalid(
+            "a UC QP sends only SEND, SEND_WITH_IMM, RDMA_WRITE and RDMA_WRITE_WITH_IMM",
+        ));
+    }
     let length = wr.total_len();
     if length > u64::from(limits.max_msg_sz) {
         return Err(Error::invalid(format!(
@@ -466,5 +499,32 @@ mod tests {
             M::SQ_PSN
         );
         assert!(ud_transition(QpState::Reset, QpState::Rtr).is_none());
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn uc_masks_have_no_ack_or_rdma_read_attributes() {
+        use QpAttrMask as M;
+        use QpState::*;
+        assert_eq!(
+            uc_transition(Reset, Init).unwrap().0,
+            M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS
+        );
+        let (req, opt) = uc_transition(Init, Rtr).unwrap();
+        assert_eq!(req, M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN);
+        assert!(!opt.intersects(M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER));
+        let (req, opt) = uc_transition(Rtr, Rts).unwrap();
+        assert_eq!(req, M::SQ_PSN);
+        let rc_only = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+        assert!(!opt.intersects(rc_only | M::MIN_RNR_TIMER));
+        assert!(uc_transition(Sqe, Rts).is_some());
+        assert!(rc_transition(Sqe, Rts).is_none());
+        let legal = QpState::ALL
+            .iter()
+            .flat_map(|a| QpState::ALL.iter().map(move |b| (*a, *b)))
+            .filter(|(a, b)| uc_transition(*a, *b).is_some())
+            .count();
+        // RC's 21 plus SQE -> RTS.
+        assert_eq!(legal, 22);
     }
 }

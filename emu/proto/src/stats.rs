@@ -120,16 +120,25 @@ pub enum RxDropCause {
     /// A response outside the window of un-ACKed PSNs, or not the next one expected (a
     /// duplicate, or one after a lost response) (counted in `duplicate_response` too).
     StaleResponse,
-    /// A UD datagram for a QP with no receive WQE posted: dropped silently, never RNR
+    /// A UD datagram, or a UC SEND or WRITE_WITH_IMM, for a QP with no receive WQE posted:
+    /// dropped silently (a UC message whole), never RNR
     /// (counted in `dropped` too).
     NoRecvWqe,
     /// A UD datagram whose DETH Q_Key differs from the QP's (counted in `dropped` too).
     BadQkey,
+    /// A UC packet of a message that cannot be delivered whole: a MIDDLE/LAST after a PSN gap
+    /// or without its FIRST, or the rest of a message cut off that way; the responder resumes
+    /// at the next FIRST/ONLY (IBTA 9.7.5.1.x; counted in `dropped` too).
+    IncompleteMessage,
+    /// A UC request the responder refuses (no REMOTE_WRITE on the QP, an R_Key or length
+    /// violation, a receive buffer too small): UC has no NAK, so its message is dropped
+    /// silently (rxe's class D/E errors; counted in `dropped` too).
+    UcRejected,
 }
 
 impl RxDropCause {
     /// Every cause, in declaration order.
-    pub const ALL: [RxDropCause; 14] = [
+    pub const ALL: [RxDropCause; 16] = [
         RxDropCause::AddressFamily,
         RxDropCause::BadIcrc,
         RxDropCause::Malformed,
@@ -144,6 +153,8 @@ impl RxDropCause {
         RxDropCause::StaleResponse,
         RxDropCause::NoRecvWqe,
         RxDropCause::BadQkey,
+        RxDropCause::IncompleteMessage,
+        RxDropCause::UcRejected,
     ];
 
     /// The counter's name in reports: `snake_case`, stable.
@@ -163,6 +174,8 @@ impl RxDropCause {
             RxDropCause::StaleResponse => "stale_response",
             RxDropCause::NoRecvWqe => "no_recv_wqe",
             RxDropCause::BadQkey => "bad_qkey",
+            RxDropCause::IncompleteMessage => "incomplete_message",
+            RxDropCause::UcRejected => "uc_rejected",
         }
     }
 
@@ -180,6 +193,8 @@ impl RxDropCause {
                 | C::ResponderBusy
                 | C::NoRecvWqe
                 | C::BadQkey
+                | C::IncompleteMessage
+                | C::UcRejected
         )
     }
 }

@@ -578,8 +578,8 @@ impl Model {
         } else {
             None
         };
-        // UD QPs are implemented now, but this model follows RC QPs only: the other type it
-        // tries is UC, which stays `NotSupported`.
+        // The engine has UC and UD QPs, but this model follows RC QPs only: a UC QP it
+        // creates is checked like an RC one at creation and destroyed at once.
         let qp_type = match inp.below(16) {
             14 | 15 => QpType::Uc,
             _ => QpType::Rc,
@@ -626,8 +626,6 @@ impl Model {
             || srq.is_some_and(|q| !self.srqs[q].alive);
         let want = if dead {
             Some(ErrorKind::Destroyed)
-        } else if qp_type != QpType::Rc {
-            Some(ErrorKind::NotSupported)
         } else if srq.is_some_and(|q| self.srqs[q].pd != p) || too_big {
             Some(ErrorKind::InvalidArgument)
         } else {
@@ -649,6 +647,11 @@ impl Model {
         let Ok(h) = got else {
             return;
         };
+        if qp_type != QpType::Rc {
+            assert_eq!(h.qp_type(), qp_type);
+            assert!(h.destroy().is_ok(), "destroy a fresh {qp_type:?} QP");
+            return;
+        }
         self.pds[p].refs += 1;
         self.cqs[s].refs += 1;
         self.cqs[r].refs += 1;

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use verbs_api::{Context, ErrorKind, LinkLayer, MAX_24BIT, PortState, ProtectionDomain, QueuePair};
 
-use crate::check::{Outcome, expect_err, expect_kind};
+use crate::check::{Outcome, expect_err, expect_kind, failure};
 use crate::fixture::{Env, Fixture};
 use crate::{check_eq, ensure};
 
@@ -153,6 +153,28 @@ pub fn query_gid_index_zero<C: Context>(env: &Env<C>) -> Outcome {
     let ctx = env.open(0)?;
     let gid = ctx.query_gid(1, 0)?;
     ensure!(!gid.is_zero(), "GID index 0 is all zero");
+    Ok(())
+}
+
+/// Every index of the GID table below `gid_tbl_len` (the first 64) can be queried: a
+/// populated entry reads as its GID, an empty one as the zero GID (`ibv_query_gid` since
+/// rdma-core 32); the last index of a table longer than one is empty (rxe: 1024 entries, two
+/// populated; the emulator: 16, one).
+pub fn query_gid_empty_entries_read_zero<C: Context>(env: &Env<C>) -> Outcome {
+    let ctx = env.open(0)?;
+    let len = ctx.query_port(1)?.gid_tbl_len;
+    for index in 0..len.min(64) {
+        ctx.query_gid(1, index)
+            .map_err(|e| failure(format!("query_gid(1, {index}) of {len}: {e}")))?;
+    }
+    if len > 1 {
+        let last = ctx.query_gid(1, len - 1)?;
+        ensure!(
+            last.is_zero(),
+            "GID index {} of {len} is populated: {last}",
+            len - 1
+        );
+    }
     Ok(())
 }
 

@@ -20,4 +20,5 @@ pub mod posting;
 pub mod qp_state;
 pub mod rdma;
 pub mod send_recv;
+pub mod uc;
 pub mod ud;

@@ -216,9 +216,26 @@ fn create_other_type<C: Context>(env: &Env<C>, qp_type: QpType) -> Outcome {
     Ok(())
 }
 
-/// A UC QP is either created (hardware supports UC) or refused with `NotSupported`.
-pub fn create_uc_supported_or_not<C: Context>(env: &Env<C>) -> Outcome {
-    create_other_type(env, QpType::Uc)
+/// A UC QP is created in RESET with type UC: every backend has UC (the emulator, rxe, RoCE
+/// HCAs), so `NotSupported` is a failure.
+pub fn create_uc_in_reset<C: Context>(env: &Env<C>) -> Outcome {
+    let fx = Fixture::new(env)?;
+    let cq = fx.cq()?;
+    let attr = QpInitAttr {
+        qp_type: QpType::Uc,
+        cap: fx.cap(),
+        sq_sig_all: false,
+    };
+    let qp = fx.ctx.create_qp(&fx.pd, &cq, &cq, None, &attr)?;
+    check_eq!(qp.qp_type(), QpType::Uc, "type of the created QP");
+    check_eq!(
+        qp.query()?.qp_state,
+        QpState::Reset,
+        "state of the created QP"
+    );
+    qp.destroy()?;
+    cq.destroy()?;
+    Ok(())
 }
 
 /// A UD QP is either created (hardware supports UD) or refused with `NotSupported`.

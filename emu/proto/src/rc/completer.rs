@@ -163,7 +163,7 @@ fn progress(qp: &mut Qp, ctx: &mut Ctx<'_>, comp: Psn) {
 
 /// Retires the head WQE with `status`, reporting it if signaled or failed (IBA 10.7.3.1: an
 /// error always generates a completion).
-fn complete_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
+pub(crate) fn complete_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
     let Some(wqe) = qp.sq.pop_front() else {
         return;
     };

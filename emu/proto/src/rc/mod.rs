@@ -6,7 +6,8 @@
 //! completions and timer deadlines. The HCA (`crate::hca`) routes packets to QPs, drains
 //! transmits and keeps the timer index.
 //!
-//! It is not a general IB transport: UC, UD, RD, memory windows, credits (rxe ignores them too;
+//! UC (`crate::uc`) reuses the requester and the responder's SEND/WRITE execution. It is not
+//! a general IB transport: UD, RD, memory windows, credits (rxe ignores them too;
 //! we always advertise unlimited credits, §1.5) and automatic path migration are out of scope.
 
 pub(crate) mod completer;
@@ -139,6 +140,9 @@ pub(crate) struct RcState {
     /// Out-of-sequence packets since the last sequence NAK of the current gap.
     pub(crate) gap_unanswered: u32,
     pub(crate) msg: InMsg,
+    /// UC only: the message in progress was lost or refused; every packet up to the next
+    /// FIRST/ONLY is dropped (rxe's `resp.drop_msg`).
+    pub(crate) uc_drop: bool,
     /// READ/atomic responder resources, oldest first, at most `max_dest_rd_atomic`.
     pub(crate) resources: VecDeque<Resource>,
     /// Building a response hit a class C error (an R_Key gone mid-READ): the HCA moves the QP

@@ -2,10 +2,13 @@
 //! assigns PSNs and builds request packets (rc-transport.md §3.1–§3.4).
 //!
 //! State is committed only after a packet was built, so a failed build changes nothing.
+//!
+//! UC QPs use it too (`crate::uc`): the same segmentation and packets with UC opcodes, no
+//! AckReq, no window, no ACK timer; a WQE completes once its last packet is built.
 
 use std::net::SocketAddr;
 
-use verbs_api::{AccessFlags, QpState, SendFlags, SendOp, Sge, WcStatus};
+use verbs_api::{AccessFlags, QpState, QpType, SendFlags, SendOp, Sge, WcStatus};
 
 use super::tx::{self, TxError};
 use super::{Ctx, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, ack_timeout, packets};
@@ -44,11 +47,17 @@ pub(crate) fn next_packet(
             qp.rc.req_index += 1;
             continue;
         }
-        if qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS {
+        let uc = qp.qp_type == QpType::Uc;
+        if !uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS {
             return None;
         }
         return match build(qp, ctx, idx, src, buf) {
-            Ok(len) => Some(len),
+            Ok(len) => {
+                if uc {
+                    crate::uc::packet_sent(qp, ctx);
+                }
+                Some(len)
+            }
             Err(TxError::Memory) => {
                 if let Some(w) = qp.sq.get_mut(idx) {
                     w.tx.error = Some(WcStatus::LocProtErr);
@@ -83,7 +92,7 @@ fn start(qp: &mut Qp, ctx: &Ctx<'_>, idx: usize) -> bool {
     {
         return false;
     }
-    if qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS {
+    if qp.qp_type != QpType::Uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS {
         return false;
     }
     let mtu = qp.attr.path_mtu.bytes();
@@ -206,6 +215,8 @@ fn build(
 ) -> Result<usize, TxError> {
     let wqe = qp.sq.get(idx).ok_or(TxError::Memory)?;
     let mtu = qp.attr.path_mtu.bytes();
+    let uc = qp.qp_type == QpType::Uc;
+    let transport = if uc { crate::uc::TRANSPORT } else { 0 };
     let t = wqe.tx;
     let i = t.next_pkt;
     let psn = t.first_psn.wrapping_add(i);
@@ -281,7 +292,7 @@ fn build(
             let pos = position(i, t.npkts);
             let last = matches!(pos, Position::Last | Position::Only);
             let opcode = request_opcode(&op, pos);
-            let ack_req = last || (i + 1) % MAX_PKT_PER_ACK == 0;
+            let ack_req = !uc && (last || (i + 1) % MAX_PKT_PER_ACK == 0);
             let solicited = last && wqe.flags.contains(SendFlags::SOLICITED);
             let mut hdrs = PacketRepr::new(bth(opcode, ack_req, solicited), &[]);
             if let SendOp::RdmaWrite { remote_addr, rkey }
@@ -301,7 +312,7 @@ fn build(
                 hdrs.immdt = Some(ImmDtRepr { imm });
             }
             let inline = wqe.flags.contains(SendFlags::INLINE);
-            let len = tx::emit(&hdrs, n, &ip, buf, |out| {
+            let len = tx::emit_as(&hdrs, transport, n, &ip, buf, |out| {
                 if inline {
                     let start = usize::try_from(offset).map_err(|_| MemoryFault)?;
                     let src = wqe
@@ -335,6 +346,10 @@ fn build(
     }
     rc.stats.sent_pkts += 1;
     rc.stats.sent_bytes += payload as u64;
+    if uc {
+        // No ACK comes: no RTT sample, no retransmission timer.
+        return Ok(len);
+    }
     // One RTT sample at a time, from a first transmission that asks for an ACK (Karn: never
     // from a retransmission, whose ACK is ambiguous).
     if !retransmit && ack_req && rc.rtt_probe.is_none() {

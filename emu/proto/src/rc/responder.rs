@@ -38,12 +38,15 @@ pub(crate) enum Disposition {
     Dropped,
     /// A class A/C error: a NAK was queued and the QP must enter ERR.
     Fatal,
+    /// The request needs a receive WQE and none is posted; nothing was consumed. RC answers
+    /// with an RNR NAK, UC drops the message (`crate::uc`).
+    NotReady,
 }
 
 /// A responder error: the NAK to send and, if a receive WQE was consumed, its status.
-struct Reject {
-    nak: NakCode,
-    recv_status: Option<WcStatus>,
+pub(crate) struct Reject {
+    pub(crate) nak: NakCode,
+    pub(crate) recv_status: Option<WcStatus>,
 }
 
 fn reject(nak: NakCode) -> Reject {
@@ -130,7 +133,7 @@ fn seq_nak_due(rc: &mut super::RcState, psn: Psn) -> bool {
     due
 }
 
-fn recv_error(qp: &Qp, wqe: &RecvWqe, status: WcStatus) -> WorkCompletion {
+pub(crate) fn recv_error(qp: &Qp, wqe: &RecvWqe, status: WcStatus) -> WorkCompletion {
     WorkCompletion {
         wr_id: wqe.wr_id,
         status,
@@ -208,6 +211,10 @@ fn execute_in_order(
         _ if op.is_send() => send(qp, ctx, pkt, pos),
         _ => Err(reject(NakCode::InvalidRequest)),
     }
+    .map(|d| match d {
+        Disposition::NotReady => rnr(qp, psn),
+        d => d,
+    })
     .inspect(|d| {
         if *d == Disposition::Accepted {
             accept(qp, pkt.bth.ack_req && !rd, psn);
@@ -266,17 +273,19 @@ fn rnr(qp: &mut Qp, psn: Psn) -> Disposition {
     Disposition::Dropped
 }
 
-fn send(
+/// Places one SEND packet (any position) into the open message's receive WQE, taking one on
+/// FIRST/ONLY ([`Disposition::NotReady`] if none is posted), and completes it on LAST/ONLY.
+/// Shared by RC and UC; sequencing and length checks come first.
+pub(crate) fn send(
     qp: &mut Qp,
     ctx: &mut Ctx<'_>,
     pkt: &PacketRepr<'_>,
     pos: Position,
 ) -> Result<Disposition, Reject> {
-    let psn = pkt.bth.psn;
     if matches!(pos, Position::First | Position::Only) {
         // check_resource: SEND_FIRST/ONLY consume a receive WQE (§4.2).
         let Some(wqe) = take_recv_wqe(qp, ctx) else {
-            return Ok(rnr(qp, psn));
+            return Ok(Disposition::NotReady);
         };
         let capacity = wqe.sges.iter().map(|s| u64::from(s.length)).sum();
         // A malformed receive WQE (bad lkey, no LOCAL_WRITE, range) is class A (§4.3).
@@ -359,13 +368,15 @@ fn send(
     Ok(Disposition::Accepted)
 }
 
-fn write(
+/// Executes one RDMA WRITE packet (any position): resolves the R_Key on FIRST/ONLY, writes
+/// the payload, and on a *_WITH_IMMEDIATE end consumes a receive WQE and completes it
+/// ([`Disposition::NotReady`] if none is posted). Shared by RC and UC.
+pub(crate) fn write(
     qp: &mut Qp,
     ctx: &mut Ctx<'_>,
     pkt: &PacketRepr<'_>,
     pos: Position,
 ) -> Result<Disposition, Reject> {
-    let psn = pkt.bth.psn;
     let n = pkt.payload.len() as u64;
     let last = matches!(pos, Position::Last | Position::Only);
     let imm = pkt.immdt.map(|i| i.imm);
@@ -376,7 +387,7 @@ fn write(
             None => !qp.rq.is_empty(),
         };
         if !available {
-            return Ok(rnr(qp, psn));
+            return Ok(Disposition::NotReady);
         }
     }
     if matches!(pos, Position::First | Position::Only) {
@@ -436,7 +447,7 @@ fn write(
         if let Some(imm) = imm {
             // Checked available above.
             let Some(wqe) = take_recv_wqe(qp, ctx) else {
-                return Ok(rnr(qp, psn));
+                return Ok(Disposition::NotReady);
             };
             let wc = WorkCompletion {
                 wr_id: wqe.wr_id,

@@ -70,8 +70,25 @@ pub(crate) fn emit(
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<(), MemoryFault>,
 ) -> Result<usize, TxError> {
+    emit_as(hdrs, 0, payload_len, ip, buf, fill)
+}
+
+/// [`emit`] for the transport whose opcode bits (the BTH opcode's top three bits, IBTA 9.2.1:
+/// 0x00 RC, 0x20 UC) are `transport`: `hdrs` carries the RC opcode of the same operation,
+/// whose layout every connected transport shares, and the byte is set before the ICRC.
+pub(crate) fn emit_as(
+    hdrs: &PacketRepr<'_>,
+    transport: u8,
+    payload_len: usize,
+    ip: &IpContext,
+    buf: &mut [u8],
+    fill: impl FnOnce(&mut [u8]) -> Result<(), MemoryFault>,
+) -> Result<usize, TxError> {
     let pad = pad_len(payload_len);
     let hdr_len = hdrs.emit_headers(buf)?;
+    if let Some(opcode) = buf.first_mut() {
+        *opcode |= transport;
+    }
     let total = hdr_len + payload_len + usize::from(pad) + ICRC_LEN;
     let have = buf.len();
     let out = buf

@@ -32,7 +32,8 @@
 //! skipped and says so on stderr (`SKIP name: reason`, printed past the test harness's output
 //! capture); with `SOFTVERBS_CONFORMANCE_STRICT=1` a skip fails. An instantiation whose `env`
 //! function fails with `NotSupported` (the backend is absent on this machine) skips every case
-//! the same way. A case listed in the instantiation's known failures prints
+//! the same way, and the first such skip prints [`ABSENT_BANNER`] (libtest still counts these
+//! cases as `ok`: scripts count the `SKIP` lines, see `scripts/rxe-conformance.sh`). A case listed in the instantiation's known failures prints
 //! `XFAIL name: reason` when it fails with the failure the entry expects
 //! ([`KnownFailure::expect`]), fails with `XFAIL mismatch` when it fails any other way, and fails
 //! when it passes (`XPASS`), so the list shrinks as the backend is fixed and a known case cannot
@@ -75,6 +76,24 @@ impl KnownFailure {
     }
 }
 
+/// Every case of the suite, as `group::name`, in the order of [`conformance_suite!`].
+pub const CASE_NAMES: &[&str] = __conformance_cases!(__conformance_names!());
+
+/// Lists the cases' names; used by [`CASE_NAMES`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_names {
+    (() $($group:ident { $($case:ident),* $(,)? })*) => {
+        &[$($(concat!(stringify!($group), "::", stringify!($case)),)*)*]
+    };
+}
+
+/// The first line a test binary whose backend is absent prints, once: its cases are skipped,
+/// and libtest's `ok` for them is not a pass.
+pub const ABSENT_BANNER: &str = "SKIPPED (backend absent): no case of this test binary runs; \
+                                 libtest reports each as `ok`, but every one is a SKIP, not a \
+                                 pass";
+
 /// Writes a line to the process's stderr directly, bypassing the test harness's capture, so
 /// skips and expected failures stay visible in a normal `cargo test` run.
 fn report(line: &str) {
@@ -97,6 +116,8 @@ pub fn run_case<C: Context>(
         // The backend is absent on this machine (e.g. no libibverbs or no RDMA device for the
         // hardware backend): every case is a skip, reported like one.
         Err(e) if e.kind == verbs_api::ErrorKind::NotSupported => {
+            static BANNER: std::sync::Once = std::sync::Once::new();
+            BANNER.call_once(|| report(&format!("{ABSENT_BANNER} ({})", e.detail)));
             report(&format!("SKIP {name}: {}", e.detail));
             if std::env::var(STRICT_ENV).is_ok_and(|v| v.trim() == "1") {
                 panic!("{name} skipped and {STRICT_ENV}=1: {}", e.detail);
@@ -539,6 +560,16 @@ mod tests {
         if std::env::var(STRICT_ENV).is_err() {
             run_case("t::absent", absent, fails, KNOWN);
         }
+    }
+
+    #[test]
+    fn case_names_list_every_case_once() {
+        assert!(CASE_NAMES.contains(&"device::list_nonempty"));
+        assert!(CASE_NAMES.contains(&"ud::ud_receive_through_srq"));
+        let mut sorted = CASE_NAMES.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), CASE_NAMES.len());
     }
 
     #[test]

@@ -11,10 +11,11 @@
 //! answers. Known failures: `KNOWN` in both modes, `RAW_KNOWN` on top in raw mode; each names
 //! the failure it expects, and any other failure of a listed case fails (`XFAIL mismatch`).
 
+use std::io::Write;
 use std::sync::OnceLock;
 
 use verbs_api::{Device, Error, Provider};
-use verbs_conformance::{Env, KnownFailure, conformance_suite};
+use verbs_conformance::{CASE_NAMES, Env, KnownFailure, conformance_suite};
 use verbs_hw::{HwContext, HwProvider};
 
 /// Wraps the provider so that `SOFTVERBS_DEVICE` can pick one device.
@@ -278,3 +279,25 @@ fn known() -> &'static [KnownFailure] {
 }
 
 conformance_suite!(env = hw_env, known_failures = known());
+
+/// Not a conformance case: one line (`SUMMARY hw: …`, on stderr past libtest's capture) that
+/// says whether this binary's cases ran, in which mode, so that a run on a machine without
+/// libibverbs or without a device, where libtest shows every skipped case as `ok`, reads as
+/// "0 executed, all skipped" and not as a pass.
+#[test]
+fn summary() {
+    let n = CASE_NAMES.len();
+    let line = match hw_env() {
+        Ok(env) => format!(
+            "SUMMARY hw: {} device(s), {} mode: the {n} cases run (SKIP/XFAIL lines name the \
+             exceptions)",
+            env.device_count(),
+            if raw_mode() { "raw" } else { "checked" }
+        ),
+        Err(e) => format!(
+            "SUMMARY hw: 0 of {n} cases executed, {n} skipped: {}",
+            e.detail
+        ),
+    };
+    let _ = writeln!(std::io::stderr().lock(), "\n{line}");
+}

@@ -217,16 +217,19 @@ executed() { awk -F'\t' '$2 != "skip"' "$1" | wc -l; }
     done
 } >"$report"
 
-cat "$report"
-say "report: $report"
 status=0
 for tag in rxe rxe-raw; do
   if [ "$(executed "$OUT/$tag.tsv")" -eq 0 ]; then
-    say "################################################################################"
-    say "SKIPPED: the $tag run executed 0 of $(wc -l <"$OUT/$tag.tsv") cases (no libibverbs or no"
-    say "RDMA device in the guest): this is not a pass. $(grep -m1 '^SUMMARY hw' "$OUT/rxe.log" || true)"
-    say "################################################################################"
     status=3
+    line="SKIPPED: the rxe $([ $tag = rxe ] && echo checked || echo raw) run executed 0 of $(wc -l <"$OUT/$tag.tsv") cases (no libibverbs or no RDMA device in the guest): this is not a pass."
+    awk -v l="**$line**" 'NR == 2 { print ""; print l } { print }' "$report" >"$report.new"
+    mv "$report.new" "$report"
+    say "################################################################################"
+    say "$line"
+    say "$(grep -a -m1 '^SUMMARY hw' "$OUT/rxe.log" | tr -d '\r' || true)"
+    say "################################################################################"
   fi
 done
+cat "$report"
+say "report: $report"
 exit $status

@@ -37,7 +37,8 @@
 //! * `req_notify` on a CQ without a completion channel is `InvalidState` (rxe accepts it and
 //!   notifies nobody);
 //! * `modify` with `retry_cnt`/`rnr_retry` above 7, `timeout`/`min_rnr_timer` above 31, PSNs or
-//!   `dest_qp_num` above 24 bits is `InvalidArgument` (the kernel masks them), an address vector
+//!   `dest_qp_num` above 24 bits is `InvalidArgument` (the kernel masks them; rxe rejects only
+//!   the `timeout`), an address vector
 //!   with a UDP port other than 4791 is `InvalidArgument`, an undefined mask bit `NotSupported`;
 //! * `modify` with `max_dest_rd_atomic` above `max_qp_rd_atom` (or `max_rd_atomic` above
 //!   `max_qp_init_rd_atom`) or a `pkey_index` at or above the port's `pkey_tbl_len` is

@@ -1320,6 +1320,17 @@ mod tests {
     }
 
     #[test]
+    fn raw_mode_is_passed_from_provider_to_devices() {
+        let (Ok(checked), Ok(raw)) = (HwProvider::new(), HwProvider::raw()) else {
+            return; // no libibverbs on this machine
+        };
+        assert!(!checked.is_raw());
+        assert!(raw.is_raw());
+        assert!(raw.devices().unwrap_or_default().iter().all(|d| d.raw));
+        assert!(checked.devices().unwrap_or_default().iter().all(|d| !d.raw));
+    }
+
+    #[test]
     fn provider_without_devices_or_library_never_panics() {
         match HwProvider::new() {
             Ok(p) => {

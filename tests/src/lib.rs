@@ -32,9 +32,12 @@
 //! skipped and says so on stderr (`SKIP name: reason`, printed past the test harness's output
 //! capture); with `SOFTVERBS_CONFORMANCE_STRICT=1` a skip fails. An instantiation whose `env`
 //! function fails with `NotSupported` (the backend is absent on this machine) skips every case
-//! the same way. A case listed in the
-//! instantiation's known failures prints `XFAIL name: reason` when it fails and fails when it
-//! passes (`XPASS`), so the list shrinks as the backend is fixed.
+//! the same way, and the first such skip prints [`ABSENT_BANNER`] (libtest still counts these
+//! cases as `ok`: scripts count the `SKIP` lines, see `scripts/rxe-conformance.sh`). A case listed in the instantiation's known failures prints
+//! `XFAIL name: reason` when it fails with the failure the entry expects
+//! ([`KnownFailure::expect`]), fails with `XFAIL mismatch` when it fails any other way, and fails
+//! when it passes (`XPASS`), so the list shrinks as the backend is fixed and a known case cannot
+//! hide a new failure.
 #![deny(unsafe_code)]
 
 pub mod cases;
@@ -51,14 +54,45 @@ use verbs_api::Context;
 /// Environment variable: when set to `1`, skipped cases fail.
 pub const STRICT_ENV: &str = "SOFTVERBS_CONFORMANCE_STRICT";
 
-/// A case a backend is known to fail, with the reason (a bug to fix, named in the report).
+/// A case a backend is known to fail, with the reason (a bug to fix, named in the report) and
+/// the failure it is expected to show.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct KnownFailure {
     /// The case, as `group::name` (e.g. `"posting::post_recv_on_srq_qp_rejected"`).
     pub case: &'static str,
     /// Why it fails on this backend.
     pub reason: &'static str,
+    /// The expected failure: a non-empty substring of the case's failure message (for example
+    /// the completion status the backend is known to give, `"LOC_QP_OP_ERR"`). A failure whose
+    /// message does not contain it is an `XFAIL mismatch` and fails the case.
+    pub expect: &'static str,
 }
+
+impl KnownFailure {
+    /// Whether `msg`, the case's failure message, is the failure this entry expects (never for
+    /// an empty [`KnownFailure::expect`]).
+    pub fn matches(&self, msg: &str) -> bool {
+        !self.expect.is_empty() && msg.contains(self.expect)
+    }
+}
+
+/// Every case of the suite, as `group::name`, in the order of [`conformance_suite!`].
+pub const CASE_NAMES: &[&str] = __conformance_cases!(__conformance_names!());
+
+/// Lists the cases' names; used by [`CASE_NAMES`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_names {
+    (() $($group:ident { $($case:ident),* $(,)? })*) => {
+        &[$($(concat!(stringify!($group), "::", stringify!($case)),)*)*]
+    };
+}
+
+/// The first line a test binary whose backend is absent prints, once: its cases are skipped,
+/// and libtest's `ok` for them is not a pass.
+pub const ABSENT_BANNER: &str = "SKIPPED (backend absent): no case of this test binary runs; \
+                                 libtest reports each as `ok`, but every one is a SKIP, not a \
+                                 pass";
 
 /// Writes a line to the process's stderr directly, bypassing the test harness's capture, so
 /// skips and expected failures stay visible in a normal `cargo test` run.
@@ -82,6 +116,8 @@ pub fn run_case<C: Context>(
         // The backend is absent on this machine (e.g. no libibverbs or no RDMA device for the
         // hardware backend): every case is a skip, reported like one.
         Err(e) if e.kind == verbs_api::ErrorKind::NotSupported => {
+            static BANNER: std::sync::Once = std::sync::Once::new();
+            BANNER.call_once(|| report(&format!("{ABSENT_BANNER} ({})", e.detail)));
             report(&format!("SKIP {name}: {}", e.detail));
             if std::env::var(STRICT_ENV).is_ok_and(|v| v.trim() == "1") {
                 panic!("{name} skipped and {STRICT_ENV}=1: {}", e.detail);
@@ -99,9 +135,16 @@ pub fn run_case<C: Context>(
             k.reason,
             env.provider_name()
         ),
-        (Err(Stop::Fail(msg)), Some(k)) => {
+        (Err(Stop::Fail(msg)), Some(k)) if k.matches(&msg) => {
             report(&format!("XFAIL {name}: {} [{msg}]", k.reason));
         }
+        (Err(Stop::Fail(msg)), Some(k)) => panic!(
+            "XFAIL mismatch {name} on {}: a known failure ({}) expected to fail with {:?}, but \
+             it failed with: {msg}",
+            env.provider_name(),
+            k.reason,
+            k.expect
+        ),
         (Err(Stop::Fail(msg)), None) => panic!("{name} on {}: {msg}", env.provider_name()),
         (Err(Stop::Skip(reason)), _) => {
             report(&format!("SKIP {name}: {reason}"));
@@ -465,10 +508,23 @@ mod tests {
         Err(Stop::Skip("no such feature".into()))
     }
 
-    const KNOWN: &[KnownFailure] = &[KnownFailure {
-        case: "t::known",
-        reason: "a known bug",
-    }];
+    const KNOWN: &[KnownFailure] = &[
+        KnownFailure {
+            case: "t::known",
+            reason: "a known bug",
+            expect: "broken",
+        },
+        KnownFailure {
+            case: "t::other",
+            reason: "a known bug",
+            expect: "LOC_QP_OP_ERR",
+        },
+        KnownFailure {
+            case: "t::unnamed",
+            reason: "a known bug without its failure",
+            expect: "",
+        },
+    ];
 
     #[test]
     fn pass_passes() {
@@ -484,6 +540,18 @@ mod tests {
     #[test]
     fn known_failure_is_reported_not_raised() {
         run_case("t::known", env, fails, KNOWN);
+    }
+
+    #[test]
+    #[should_panic(expected = "XFAIL mismatch t::other")]
+    fn known_failure_failing_differently_panics() {
+        run_case("t::other", env, fails, KNOWN);
+    }
+
+    #[test]
+    #[should_panic(expected = "XFAIL mismatch t::unnamed")]
+    fn known_failure_without_expectation_panics() {
+        run_case("t::unnamed", env, fails, KNOWN);
     }
 
     #[test]
@@ -509,6 +577,16 @@ mod tests {
         if std::env::var(STRICT_ENV).is_err() {
             run_case("t::absent", absent, fails, KNOWN);
         }
+    }
+
+    #[test]
+    fn case_names_list_every_case_once() {
+        assert!(CASE_NAMES.contains(&"device::list_nonempty"));
+        assert!(CASE_NAMES.contains(&"ud::ud_receive_through_srq"));
+        let mut sorted = CASE_NAMES.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), CASE_NAMES.len());
     }
 
     #[test]

@@ -58,17 +58,33 @@ fn foreign(what: &str) -> Error {
 /// [`ErrorKind::NotFound`] naming the library, so a program can fall back to the emulator.
 #[derive(Clone, Debug)]
 pub struct HwProvider {
-    _loaded: (),
+    raw: bool,
 }
 
 impl HwProvider {
-    /// Loads libibverbs (once per process) and resolves its symbols.
+    /// Loads libibverbs (once per process) and resolves its symbols. Its contexts enforce the
+    /// `verbs_api` contract where libibverbs or rxe differ (see the crate documentation).
     ///
     /// Errors: `NotFound` when `libibverbs.so.1` is missing or lacks a symbol (the message
     /// names the library and the package to install).
     pub fn new() -> Result<HwProvider> {
         loader::verbs()?;
-        Ok(HwProvider { _loaded: () })
+        Ok(HwProvider { raw: false })
+    }
+
+    /// As [`HwProvider::new`], in raw mode: the contract checks that only make libibverbs and
+    /// rxe look like the `verbs_api` contract are off, so calls go straight to libibverbs and
+    /// return the library's and the device's own answer. The checks that keep the process
+    /// memory-safe stay on (the crate documentation lists both kinds). Meant for measuring a
+    /// device against the contract (the differential run), not for applications.
+    pub fn raw() -> Result<HwProvider> {
+        loader::verbs()?;
+        Ok(HwProvider { raw: true })
+    }
+
+    /// Whether this provider (and every context it opens) is in raw mode.
+    pub fn is_raw(&self) -> bool {
+        self.raw
     }
 
     /// Whether libibverbs can be loaded in this process (devices may still be absent).
@@ -103,6 +119,7 @@ impl Provider for HwProvider {
                 index,
                 name,
                 guid,
+                raw: self.raw,
             });
         }
         Ok(out)
@@ -116,6 +133,8 @@ pub struct HwDevice {
     index: usize,
     name: String,
     guid: u64,
+    /// Raw mode (see [`HwProvider::raw`]), passed on to the contexts it opens.
+    raw: bool,
 }
 
 impl std::fmt::Debug for HwDevice {
@@ -123,6 +142,7 @@ impl std::fmt::Debug for HwDevice {
         f.debug_struct("HwDevice")
             .field("name", &self.name)
             .field("guid", &format_args!("{:#018x}", self.guid))
+            .field("raw", &self.raw)
             .finish()
     }
 }
@@ -162,6 +182,7 @@ impl Device for HwDevice {
             name: self.name.clone(),
             attr,
             pkey_tbl_len,
+            contract: !self.raw,
             next_handle: AtomicU32::new(1),
             ahs: RwLock::new(HashMap::new()),
         })))
@@ -228,6 +249,9 @@ struct CtxInner {
     attr: DeviceAttr,
     /// `pkey_tbl_len` of ports 1..=phys_port_cnt, read at open.
     pkey_tbl_len: Vec<u16>,
+    /// Whether the contract-only checks are made (false in raw mode, [`HwProvider::raw`]).
+    /// The checks that keep the process memory-safe do not look at it.
+    contract: bool,
     next_handle: AtomicU32,
     /// Live address handles by handle number: what a UD work request's `ah` names.
     ahs: RwLock<HashMap<u32, Arc<RawAh>>>,
@@ -238,8 +262,9 @@ impl CtxInner {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Contract check (off in raw mode): the port exists.
     fn check_port(&self, port: u8) -> Result<()> {
-        if port == 0 || port > self.attr.phys_port_cnt {
+        if self.contract && (port == 0 || port > self.attr.phys_port_cnt) {
             return Err(Error::invalid(format!(
                 "port {port} does not exist ({} has {} port(s), numbered from 1)",
                 self.name, self.attr.phys_port_cnt
@@ -259,11 +284,17 @@ impl std::fmt::Debug for HwContext {
         f.debug_struct("HwContext")
             .field("device", &self.0.name)
             .field("id", &self.0.id)
+            .field("raw", &!self.0.contract)
             .finish()
     }
 }
 
 impl HwContext {
+    /// Whether the context is in raw mode ([`HwProvider::raw`]).
+    pub fn is_raw(&self) -> bool {
+        !self.0.contract
+    }
+
     fn own_pd<'a>(&self, pd: &'a HwPd) -> Result<&'a HwPd> {
         if pd.0.ctx.id != self.0.id {
             return Err(foreign("PD"));
@@ -340,7 +371,7 @@ impl Context for HwContext {
 
     fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid> {
         let len = self.query_port(port_num)?.gid_tbl_len;
-        if index >= len {
+        if self.0.contract && index >= len {
             return Err(Error::invalid(format!(
                 "GID index {index} at or above gid_tbl_len {len}"
             )));
@@ -439,6 +470,7 @@ impl Context for HwContext {
             .map_err(|e| errno_error("ibv_create_cq", e))?;
         Ok(HwCq(Arc::new(CqInner {
             ctx_id: self.0.id,
+            contract: self.0.contract,
             handle,
             raw: RwLock::new(Some(Arc::new(raw))),
         })))
@@ -509,7 +541,7 @@ impl Context for HwContext {
         let raw_pd = self.own_pd(pd)?.live()?;
         let port = attr.port_num.max(1);
         self.0.check_port(port)?;
-        if attr.udp_dport != ROCE_V2_UDP_PORT {
+        if self.0.contract && attr.udp_dport != ROCE_V2_UDP_PORT {
             return Err(Error::invalid(format!(
                 "udp_dport {} is not RoCEv2's {ROCE_V2_UDP_PORT}",
                 attr.udp_dport
@@ -835,6 +867,8 @@ impl CompletionChannel for HwChannel {
 
 struct CqInner {
     ctx_id: u64,
+    /// [`CtxInner::contract`] of the context that created it.
+    contract: bool,
     handle: u32,
     raw: RwLock<Option<Arc<RawCq>>>,
 }
@@ -885,10 +919,11 @@ impl CompletionQueue for HwCq {
         Ok(done)
     }
 
+    /// Contract check (off in raw mode): the CQ has a channel to notify.
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let guard = read(&self.0.raw);
         let cq = guard.as_ref().ok_or_else(|| destroyed("CQ"))?;
-        if !cq.has_channel() {
+        if self.0.contract && !cq.has_channel() {
             return Err(Error::state(
                 "the CQ has no completion channel to notify (created without one)",
             ));
@@ -915,6 +950,8 @@ impl CompletionQueue for HwCq {
         {
             let guard = read(&self.0.raw);
             let cq = guard.as_ref().ok_or_else(|| destroyed("CQ"))?;
+            // Made in raw mode too: libibverbs' `ibv_destroy_cq` would wait for the
+            // acknowledgements forever, with this handle's lock held.
             let unacked = cq.unacked();
             if unacked > 0 {
                 return Err(Error::busy(format!(
@@ -1108,6 +1145,19 @@ fn check_values(attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
     Ok(())
 }
 
+/// The contract checks of `modify` (off in raw mode): defined mask bits, value ranges, device
+/// limits.
+fn check_modify(ctx: &CtxInner, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+    let unknown = mask.bits() & !KNOWN_MASK;
+    if unknown != 0 {
+        return Err(Error::unsupported(format!(
+            "attribute mask bits {unknown:#x} are not defined by libibverbs"
+        )));
+    }
+    check_values(attr, mask)?;
+    check_limits(ctx, attr, mask)
+}
+
 impl HwQp {
     /// The QP's state now, from `ibv_query_qp` (used on the rare paths that reject a post).
     fn queried_state(&self, qp: &RawQp) -> Result<QpState> {
@@ -1134,14 +1184,9 @@ impl QueuePair for HwQp {
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let guard = read(&self.0.raw);
         let qp = guard.as_ref().ok_or_else(|| destroyed("QP"))?;
-        let unknown = mask.bits() & !KNOWN_MASK;
-        if unknown != 0 {
-            return Err(Error::unsupported(format!(
-                "attribute mask bits {unknown:#x} are not defined by libibverbs"
-            )));
+        if self.0.ctx.contract {
+            check_modify(&self.0.ctx, attr, mask)?;
         }
-        check_values(attr, mask)?;
-        check_limits(&self.0.ctx, attr, mask)?;
         let raw_attr = convert::qp_attr_to(attr);
         // With AV, the kernel resolves the destination's Ethernet address and gives up with
         // ETIMEDOUT after a second (seen under a slow VM); a failed modify changes nothing, so
@@ -1173,11 +1218,14 @@ impl QueuePair for HwQp {
         let qp = guard
             .as_ref()
             .ok_or_else(|| PostError::new(0, destroyed("QP")))?;
-        if matches!(
-            self.tracked_state(),
-            QpState::Reset | QpState::Init | QpState::Rtr
-        ) {
-            // rxe queues the WRs and only its doorbell fails, so the check is made here.
+        if self.0.ctx.contract
+            && matches!(
+                self.tracked_state(),
+                QpState::Reset | QpState::Init | QpState::Rtr
+            )
+        {
+            // rxe queues the WRs and only its doorbell fails, so the check is made here (a
+            // contract check: in raw mode the WRs go to the provider).
             let now = self.queried_state(qp).map_err(|e| PostError::new(0, e))?;
             if matches!(now, QpState::Reset | QpState::Init | QpState::Rtr) {
                 return Err(PostError::new(
@@ -1187,7 +1235,8 @@ impl QueuePair for HwQp {
             }
         }
         if self.0.qp_type == QpType::Ud {
-            // A UD WR without an AH would hand the provider a null `ibv_ah`.
+            // A UD WR without an AH would hand the provider a null `ibv_ah` (memory safety:
+            // made in raw mode too).
             if let Some(i) = wrs.iter().position(|w| w.ud.is_none()) {
                 return Err(PostError::new(
                     i,
@@ -1207,12 +1256,14 @@ impl QueuePair for HwQp {
             .as_ref()
             .ok_or_else(|| PostError::new(0, destroyed("QP")))?;
         if self.0.has_srq {
+            // Made in raw mode too: such a QP has no receive queue of its own, and whether a
+            // provider checks that before writing a WQE is not part of libibverbs' contract.
             return Err(PostError::new(
                 0,
                 Error::state("post_recv on a QP that receives through an SRQ"),
             ));
         }
-        if self.tracked_state() == QpState::Reset {
+        if self.0.ctx.contract && self.tracked_state() == QpState::Reset {
             return Err(PostError::new(0, Error::state("post_recv in RESET")));
         }
         qp.post_recv(wrs)
@@ -1266,6 +1317,17 @@ mod tests {
         assert!(check_values(&a, QpAttrMask::SQ_PSN).is_err());
         a.ah_attr.udp_dport = 5000;
         assert!(check_values(&a, QpAttrMask::AV).is_err());
+    }
+
+    #[test]
+    fn raw_mode_is_passed_from_provider_to_devices() {
+        let (Ok(checked), Ok(raw)) = (HwProvider::new(), HwProvider::raw()) else {
+            return; // no libibverbs on this machine
+        };
+        assert!(!checked.is_raw());
+        assert!(raw.is_raw());
+        assert!(raw.devices().unwrap_or_default().iter().all(|d| d.raw));
+        assert!(checked.devices().unwrap_or_default().iter().all(|d| !d.raw));
     }
 
     #[test]

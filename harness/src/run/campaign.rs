@@ -262,7 +262,7 @@ struct Job {
 /// draws per run whatever the workload choice (so `--workload` does not change the seeds).
 pub fn run_seeds(seed: u64, runs: u32, choice: WorkloadChoice) -> Vec<(u64, Workload)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let all = Workload::value_variants();
+    let all = &crate::run::layout::RC_WORKLOADS;
     (0..runs)
         .map(|k| {
             let run_seed = rng.next_u64() >> 16;

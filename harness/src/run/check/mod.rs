@@ -28,6 +28,7 @@ mod delivery;
 mod logs;
 mod memory;
 mod process;
+mod ud;
 mod untouched;
 
 #[cfg(test)]
@@ -42,7 +43,7 @@ use verbs_api::WcStatus;
 
 use crate::run::layout::{self, RecordKind, Workload};
 use crate::run::log::{Entry, LogRead, OpKind, read_log};
-use crate::run::proto::QpParams;
+use crate::run::proto::{InjectedFaults, QpParams};
 
 /// At most this many violation messages are kept per invariant (all are counted).
 pub const MAX_MESSAGES: usize = 25;
@@ -110,6 +111,9 @@ pub struct NodeFacts {
     pub error: Option<String>,
     /// The harness killed it at the hard timeout (so its log may end in a cut line).
     pub timed_out: bool,
+    /// What its device's fault injector did to the datagrams it sent, from its final report
+    /// (`None` if it did not drain).
+    pub injected: Option<InjectedFaults>,
 }
 
 /// The facts of a node the orchestrator said nothing about.
@@ -123,6 +127,7 @@ static NO_FACTS: NodeFacts = NodeFacts {
     problems: Vec::new(),
     error: None,
     timed_out: false,
+    injected: None,
 };
 
 /// Everything the checker needs.
@@ -200,8 +205,16 @@ fn check_read(input: &Input<'_>) -> CheckResult {
         logs::completion_order(input),
         logs::flush_after_error(input),
         memory::write_data(input),
-        memory::send_data(input),
-        delivery::send_delivery(input),
+        if input.ev.workload.is_ud() {
+            ud::datagram_data(input)
+        } else {
+            memory::send_data(input)
+        },
+        if input.ev.workload.is_ud() {
+            ud::datagram_delivery(input)
+        } else {
+            delivery::send_delivery(input)
+        },
         memory::read_data(input),
         memory::atomic_exactly_once(input, &mut result.counters),
         untouched::untouched_memory(input),

@@ -558,8 +558,8 @@ unsafe fn ud_dest(wr: &ibv_send_wr) -> Result<UdDest, c_int> {
 /// on a UD QP a live AH).
 unsafe fn add_send_wr(batch: &mut Batch, wr: &ibv_send_wr, ud: bool) -> Result<(), c_int> {
     let op = send_op(wr)?;
-    // SAFETY: per the contract.
     let dest = if ud {
+        // SAFETY: per the contract, a UD work request names a live AH (or NULL).
         Some(unsafe { ud_dest(wr) }?)
     } else {
         None

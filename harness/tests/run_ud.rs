@@ -122,3 +122,34 @@ fn a_flipped_datagram_byte_fails_the_run() {
         out.dump()
     );
 }
+
+#[test]
+fn a_killed_node_leaves_the_other_links_checked() {
+    let plan = "[[rule]]\naction = \"drop\"\nprobability = 0.02\n\
+        [[process]]\nnode = 2\naction = \"kill\"\nat = \"30ms\"\n";
+    let out = run(
+        "ud-send-kill",
+        &[
+            "--nodes",
+            "3",
+            "--workload",
+            "ud-send",
+            "--duration",
+            "1s",
+            "--seed",
+            "14",
+            "--timeout",
+            "30s",
+        ],
+        Some(plan),
+        LIMIT,
+    );
+    assert_passed(&out);
+    let nodes = out.report()["node_reports"].as_array().unwrap();
+    assert_eq!(nodes[2]["state"], "killed", "{}", out.dump());
+    // Nodes 0 and 1 exchanged datagrams throughout: far more than node 2 sent before its kill.
+    let received = num(&out.invariant("datagram-data")["checked"]);
+    assert!(received > 1000, "{}", out.dump());
+    let dead = out.invariant("dead-peer-detection")["notes"].to_string();
+    assert!(dead.contains("UD links"), "{dead}");
+}

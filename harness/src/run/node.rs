@@ -219,8 +219,15 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         let scq = ctx
             .create_cq(256, Some(&channel))
             .map_err(err("create_cq"))?;
+        // A UD link's receives all complete without the sender waiting for anything: its
+        // receive CQ holds as many completions as receives are posted.
+        let rcq_len = if cfg.workload.is_ud() {
+            layout::UD_RQ_DEPTH as u32
+        } else {
+            256
+        };
         let rcq = ctx
-            .create_cq(256, Some(&channel))
+            .create_cq(rcq_len, Some(&channel))
             .map_err(err("create_cq"))?;
         let init = if cfg.workload.is_ud() {
             QpInitAttr::ud(ud_cap)

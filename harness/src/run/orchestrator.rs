@@ -1133,6 +1133,7 @@ impl Orchestrator {
             slack: c.slack,
             run_dir: c.run_dir.clone(),
             expect_errors: expect_reason.is_some(),
+            max_copies: plan::max_copies(&c.plan.network),
             facts: self.facts(),
         };
         let result = check::check(&evidence);

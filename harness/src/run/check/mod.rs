@@ -147,6 +147,10 @@ pub struct Evidence {
     pub run_dir: PathBuf,
     /// Errors caused by network faults are expected.
     pub expect_errors: bool,
+    /// The most extra copies the plan's rules can give one datagram (the sum of its
+    /// `duplicate` rules' `copies`): `datagram-delivery` bounds a sender's duplicates by this
+    /// times its injector's count of duplicated datagrams.
+    pub max_copies: u64,
     /// Per node index.
     pub facts: Vec<NodeFacts>,
 }

@@ -131,7 +131,7 @@ struct Tally {
 /// `datagram-delivery`: every datagram received was sent (its sender, having drained, logged
 /// it with the same length and immediate data); no datagram arrives more often than once
 /// plus the copies the sender's fault injector made (per sender: extra copies received ≤ its
-/// `duplicated`); and datagrams are lost only where the plan lost them (per sender: sent but
+/// `duplicated` × the plan's most copies per datagram); and datagrams are lost only where the plan lost them (per sender: sent but
 /// never received ≤ its `dropped + corrupted + truncated + partitioned`). Excused (notes):
 /// losses towards a receiver that was killed, paused or did not drain (its socket or its log
 /// may have lost them), and the counts of a sender that did not report its injector's
@@ -170,7 +170,13 @@ pub(super) fn datagram_delivery(input: &Input<'_>) -> Invariant {
             }
         }
         check_unsent(&mut inv, input, j, &got);
-        judge(&mut inv, j, &tally, input.fact(j).injected);
+        judge(
+            &mut inv,
+            j,
+            &tally,
+            input.fact(j).injected,
+            input.ev.max_copies,
+        );
     }
     inv
 }
@@ -207,7 +213,13 @@ fn check_unsent(inv: &mut Invariant, input: &Input<'_>, j: u32, got: &Copies) {
 }
 
 /// Compares node `j`'s losses and duplicates with what its injector did.
-fn judge(inv: &mut Invariant, j: u32, tally: &Tally, injected: Option<InjectedFaults>) {
+fn judge(
+    inv: &mut Invariant,
+    j: u32,
+    tally: &Tally,
+    injected: Option<InjectedFaults>,
+    max_copies: u64,
+) {
     let Some(f) = injected else {
         if tally.lost + tally.duplicated > 0 {
             inv.note(format!(
@@ -218,9 +230,11 @@ fn judge(inv: &mut Invariant, j: u32, tally: &Tally, injected: Option<InjectedFa
         }
         return;
     };
-    if tally.duplicated > f.duplicated {
+    let copies = f.duplicated.saturating_mul(max_copies);
+    if tally.duplicated > copies {
         inv.fail(format!(
-            "node {j}: {} extra copies of its datagrams received, its injector made {}",
+            "node {j}: {} extra copies of its datagrams received; its injector duplicated {} \
+             datagrams, with at most {max_copies} extra copies each",
             tally.duplicated, f.duplicated
         ));
     } else if tally.duplicated > 0 {

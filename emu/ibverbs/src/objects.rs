@@ -1018,8 +1018,8 @@ unsafe fn grh_bytes<'a>(grh: *const c_void) -> Result<&'a [u8], c_int> {
 
 /// `ibv_init_ah_from_wc`: fills `ah_attr` to answer the datagram of `wc` (which must have
 /// `IBV_WC_GRH`), whose GRH is `grh` (for RoCEv2 over IPv4, the IPv4 header in its last 20
-/// bytes, as rdma-core parses it). `EINVAL` for a completion without a GRH or a GRH holding
-/// neither an IPv4 nor an IPv6 header.
+/// bytes, as rdma-core parses it). 0, or −1 with `errno` (as its man page says): `EINVAL` for
+/// a completion without a GRH or a GRH holding neither an IPv4 nor an IPv6 header.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_init_ah_from_wc(
     context: *mut ibv_context,
@@ -1028,10 +1028,14 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     grh: *mut c_void,
     ah_attr: *mut ibv_ah_attr,
 ) -> c_int {
-    guard(libc::EIO, || {
+    let fail = |e| {
+        set_errno(e);
+        -1
+    };
+    guard(-1, || {
         // SAFETY: a context we opened (or NULL).
         if unsafe { udp_context(context) }.is_none() || wc.is_null() || ah_attr.is_null() {
-            return libc::EINVAL;
+            return fail(libc::EINVAL);
         }
         // SAFETY: the caller's GRH (40 bytes) and completion.
         let attr =
@@ -1042,7 +1046,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
                 unsafe { ah_attr.write(a) };
                 0
             }
-            Err(e) => e,
+            Err(e) => fail(e),
         }
     })
 }

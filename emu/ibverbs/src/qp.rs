@@ -25,10 +25,6 @@ use crate::{convert, guard, null_with};
 
 /// `IBV_SEND_INLINE`.
 const SEND_INLINE: u32 = 1 << 3;
-/// `IBV_QPT_RC`.
-const IBV_QPT_RC: u32 = 2;
-/// `IBV_QPT_UC`.
-const IBV_QPT_UC: u32 = 3;
 /// `IBV_QPT_UD`.
 const IBV_QPT_UD: u32 = 4;
 /// The `send_ops_flags` of a UD QP: `IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM`.
@@ -214,8 +210,8 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
         return Err(libc::EINVAL);
     };
     let qp_type = match a.qp_type {
-        IBV_QPT_RC => QpType::Rc,
-        IBV_QPT_UC => QpType::Uc,
+        2 => QpType::Rc,
+        3 => QpType::Uc,
         IBV_QPT_UD => QpType::Ud,
         // Refused as libibverbs refuses a QP type its provider lacks.
         _ => return Err(libc::EOPNOTSUPP),

@@ -12,6 +12,8 @@
 #   ibv_rc_pingpong / ibv_srq_pingpong -g 0, with and without -e, sizes 64 B … 1 MiB (×4):
 #                                  both sides print "B bytes in … seconds" with B = 2·size·iters
 #                                  and "N iters in … usec/iter"
+#   ibv_ud_pingpong -g 0 -c, with and without -e, sizes 64 B … 4096 B (the MTU payload): as
+#                                  the RC pingpongs (-c: each side checks the received bytes)
 #   ibv_rc_pingpong-loss-pcap      4 KiB pingpong with `softverbs exec --faults` (2 % drop on
 #                                  each side) and `--pcap`: completes, both captures hold packets
 #   perftest RC ib_{write,send,read,atomic}_{bw,lat}: default flags, -a (-n ALL_ITERS), and
@@ -19,6 +21,8 @@
 #                                  size (23 for -a), message rate (BW) or t_avg (latency) > 0;
 #                                  perftest 4.5 itself refuses -a for the atomic tests (size
 #                                  fixed at 8 B), so those two are SKIP, not run
+#   perftest UD ib_send_{bw,lat} -c UD: default flags and -a (sizes 2 B … the 4096-byte MTU:
+#                                  12 rows), checked as the RC ones
 # Then a table of perftest's figures (default flags, the cases that passed) next to
 # `softverbs perf`'s for the same test, size and iterations (release build of this repository):
 # medians (min-max) of PERF_ROUNDS interleaved rounds, and perftest's median / ours.
@@ -76,7 +80,7 @@ if [ ! -f "$LIB_DIR/libibverbs.so.1" ]; then
   exit 2
 fi
 missing=""
-for p in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_srq_pingpong ib_write_bw ib_write_lat \
+for p in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_srq_pingpong ibv_ud_pingpong ib_write_bw ib_write_lat \
   ib_send_bw ib_send_lat ib_read_bw ib_read_lat ib_atomic_bw ib_atomic_lat; do
   command -v "$p" >/dev/null 2>&1 || missing="$missing $p"
 done
@@ -273,6 +277,16 @@ for prog in ibv_rc_pingpong ibv_srq_pingpong; do
   done
 done
 
+echo "== UD pingpong (64 B … the 4096-byte MTU payload)"
+for ev in "" "-e"; do
+  for size in 64 1024 2048 4096; do
+    n=$PP_ITERS
+    chk() { check_pingpong "$size" "$n" "$1" "$2"; }
+    args="ibv_ud_pingpong -g 0 -c -p @PORT -s $size -n $n $ev"
+    pair "ibv_ud_pingpong${ev:+-e}-$size" chk "$args" "$args 127.0.0.1"
+  done
+done
+
 echo "== faults and capture through softverbs exec (--faults, --pcap)"
 # Each side drops 2 % of the datagrams it sends and captures its traffic: RC recovers, both
 # pcaps hold packets.
@@ -314,6 +328,20 @@ for t in write_bw write_lat send_bw send_lat read_bw read_lat atomic_bw atomic_l
     if [ "$variant" = default ] && passed "$name"; then
       PERFTEST_DEFAULT+=("$t")
     fi
+  done
+done
+
+echo "== perftest UD"
+for t in send_bw send_lat; do
+  kind=${t#*_}
+  for variant in default all; do
+    name="ib_$t-ud-$variant"
+    case $variant in
+      default) flags=${DEFAULT_ITERS:+-n $DEFAULT_ITERS}; rows=1 ;;
+      all) flags="-a -n $ALL_ITERS"; rows=12 ;;
+    esac
+    chk() { check_perftest "$kind" "$rows" "$1" "$2"; }
+    pair "$name" chk "ib_$t -c UD -p @PORT $flags" "ib_$t -c UD -p @PORT $flags 127.0.0.1"
   done
 done
 say "cases done in $(elapsed "$T0") s"

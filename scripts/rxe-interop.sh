@@ -2,7 +2,8 @@
 # Wire interop: softverbs' UDP device on the host (in the rxe-vm namespace, 10.99.0.1:4791)
 # against Linux SoftRoCE (rxe0 in the rxe-vm guest, 10.99.0.2), over real RoCEv2 packets.
 #
-#   scripts/rxe-interop.sh [--out DIR] [--sizes "64 1024 4096 10000"] [--iters N] [--no-capture]
+#   scripts/rxe-interop.sh [--out DIR] [--sizes "64 1024 4096 10000"] [--ud-sizes "64 512 1024"]
+#                          [--iters N] [--no-capture] [--no-dropin]
 #
 # One VM boot runs, in this order:
 #   (a) guest `ibv_rc_pingpong` client  vs host `softverbs pingpong` server, for each size
@@ -14,13 +15,24 @@
 #   (d) `softverbs icrc-check` on a capture of the tap (dumpcap): the ICRC of every packet in both
 #       directions verified over its real IPv4/UDP headers (a UDP socket cannot see rxe's IPv4
 #       identification, which the ICRC covers; the capture can)
+#   (e) guest `ibv_ud_pingpong` client  vs host `softverbs ud-pingpong` server, for each UD size
+#   (f) guest `ibv_ud_pingpong` server  vs host `softverbs ud-pingpong` client, for each UD size
+#   (g) guest `ibv_ud_pingpong` client  vs host `ibv_ud_pingpong` server on the drop-in
+#       libibverbs.so.1 (unmodified Debian binary), for each UD size
+#   (h) guest `ibv_ud_pingpong` server  vs host `ibv_ud_pingpong` client on the drop-in
+#   (g) and (h) need the drop-in (scripts/build-libibverbs.sh; LIBIBVERBS_DIR overrides its
+#   directory) and Debian's ibverbs-utils on the host; without them they are SKIP with a note.
+#   UD loses what the network loses: a lost datagram stalls a pingpong (bounded by timeouts).
 # The guest runs the same `softverbs` binary (copied with --add; libibverbs is dlopened).
 #
 #   --out DIR   logs: rxe.log (guest console and [host] lines), rxe-vm.stderr, summary.txt
 #               (default: target/rxe-interop)
 #   --sizes     pingpong message sizes (default "64 1024 4096 10000": below, at and above the
 #               1024-byte MTU)
+#   --ud-sizes  UD pingpong message sizes (default "64 512 1024": up to rxe0's 1024-byte MTU,
+#               which bounds a UD message)
 #   --iters N   pingpong iterations per size (default 200)
+#   --no-dropin skip (g) and (h)
 #   --no-capture  skip the tap capture (DIR/tap.pcap) and check (d); without dumpcap (package
 #               wireshark-common, which tshark pulls in) (d) is skipped with a note
 #
@@ -37,23 +49,29 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RXE_VM=${RXE_VM:-$ROOT/../shared/rxe-vm/rxe-vm}
 OUT=$ROOT/target/rxe-interop
 SIZES="64 1024 4096 10000"
+UD_SIZES="64 512 1024"
 ITERS=200
 PCAP=1
+DROPIN=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift ;;
     --sizes) SIZES=$2; shift ;;
+    --ud-sizes) UD_SIZES=$2; shift ;;
+    --no-dropin) DROPIN=0 ;;
     --iters) ITERS=$2; shift ;;
     --no-capture) PCAP=0 ;;
-    *) echo "usage: $0 [--out DIR] [--sizes \"S1 S2 ...\"] [--iters N] [--no-capture]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--sizes \"S1 S2 ...\"] [--ud-sizes \"S1 S2 ...\"] [--iters N] [--no-capture] [--no-dropin]" >&2; exit 2 ;;
   esac
   shift
 done
-for s in $SIZES $ITERS; do
+for s in $SIZES $UD_SIZES $ITERS; do
   case "$s" in ''|*[!0-9]*) echo "rxe-interop: not a number: $s" >&2; exit 2 ;; esac
 done
-# TCP ports: (a) 18515 + i, (b) 18535 + i, (c) 18600.
+# TCP ports: (a) 18515 + i, (b) 18535 + i, (c) 18600, (e) 18640 + i, (f) 18660 + i,
+# (g) 18680 + i, (h) 18720 + i.
 [ "$(echo $SIZES | wc -w)" -le 20 ] || { echo "rxe-interop: at most 20 sizes" >&2; exit 2; }
+[ "$(echo $UD_SIZES | wc -w)" -le 20 ] || { echo "rxe-interop: at most 20 UD sizes" >&2; exit 2; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/host-*.log "$OUT/tap.pcap"
@@ -71,6 +89,20 @@ if ldd "$BIN" | grep -q libibverbs; then
 fi
 [ -x "$RXE_VM" ] || { say "rxe-vm not found at $RXE_VM (set RXE_VM)"; exit 1; }
 say "binary: $BIN"
+LIB_DIR=${LIBIBVERBS_DIR:-$ROOT/target/libibverbs}
+DROPIN_NOTE=""
+if [ "$DROPIN" = 1 ]; then
+  if [ ! -f "$LIB_DIR/libibverbs.so.1" ]; then
+    DROPIN=0 DROPIN_NOTE="no $LIB_DIR/libibverbs.so.1 (scripts/build-libibverbs.sh)"
+  elif ! command -v ibv_ud_pingpong >/dev/null 2>&1; then
+    DROPIN=0 DROPIN_NOTE="no ibv_ud_pingpong on the host (Debian package ibverbs-utils)"
+  else
+    LIB_DIR=$(cd "$LIB_DIR" && pwd)
+  fi
+else
+  DROPIN_NOTE="--no-dropin"
+fi
+[ -z "$DROPIN_NOTE" ] || say "note: (g) and (h) skipped: $DROPIN_NOTE"
 if [ "$PCAP" = 1 ] && ! command -v dumpcap >/dev/null 2>&1; then
   say "note: dumpcap not found (tshark's wireshark-common): no tap capture, check (d) skipped"
   PCAP=0
@@ -85,8 +117,12 @@ host_script=$OUT/host.sh
 cat >"$host_script" <<EOF
 BIN='$BIN'
 SIZES='$SIZES'
+UD_SIZES='$UD_SIZES'
 ITERS=$ITERS
 PCAP=$PCAP
+DROPIN=$DROPIN
+LIB_DIR='$LIB_DIR'
+PP_TIMEOUT=$PP_TIMEOUT
 EOF
 cat >>"$host_script" <<'EOF'
 export SOFTVERBS_PROVIDER=udp
@@ -125,6 +161,47 @@ for s in $SIZES; do
 done
 # (c) rdma-check: we serve, the guest (hw provider on rxe0) connects.
 check rdma-check "$BIN" rdma-check $COMMON -p 18600
+# (e) the guest's ibv_ud_pingpong connects to our ud-pingpong servers.
+i=0
+for s in $UD_SIZES; do
+  check "ud-pingpong-guest-client-$s" "$BIN" ud-pingpong $COMMON -e -p $((18640 + i)) -s "$s" -n "$ITERS"
+  i=$((i + 1))
+done
+# (f) our ud-pingpong connects to the guest's ibv_ud_pingpong servers.
+i=0
+for s in $UD_SIZES; do
+  check "ud-pingpong-host-client-$s" "$BIN" ud-pingpong $COMMON -e -p $((18660 + i)) -s "$s" -n "$ITERS" "$GUEST_IP"
+  i=$((i + 1))
+done
+# (g), (h): Debian's ibv_ud_pingpong on the drop-in libibverbs.so.1 (softverbs0 on HOST_IP:4791).
+# dropin_client ARGS...: retries while the guest's server does not listen yet.
+dropin_client() {
+  local try=0 rc
+  while :; do
+    rc=0
+    timeout "$PP_TIMEOUT" ibv_ud_pingpong "$@" >dropin.out 2>&1 || rc=$?
+    if [ $rc != 0 ] && grep -q "Couldn't connect" dropin.out && [ $try -lt 300 ]; then
+      try=$((try + 1)); sleep 0.2; continue
+    fi
+    cat dropin.out
+    return $rc
+  done
+}
+if [ "$DROPIN" = 1 ]; then
+  export LD_LIBRARY_PATH=$LIB_DIR SOFTVERBS_UDP_ADDRS=$HOST_IP:4791 SOFTVERBS_FOREIGN_IPV4_IDENT=1
+  DROPIN_ARGS="-d softverbs0 -g 0"
+  i=0
+  for s in $UD_SIZES; do
+    check "dropin-ud-pingpong-guest-client-$s" timeout "$PP_TIMEOUT" ibv_ud_pingpong $DROPIN_ARGS -p $((18680 + i)) -s "$s" -n "$ITERS"
+    i=$((i + 1))
+  done
+  i=0
+  for s in $UD_SIZES; do
+    check "dropin-ud-pingpong-host-client-$s" dropin_client $DROPIN_ARGS -p $((18720 + i)) -s "$s" -n "$ITERS" "$GUEST_IP"
+    i=$((i + 1))
+  done
+  unset LD_LIBRARY_PATH SOFTVERBS_UDP_ADDRS SOFTVERBS_FOREIGN_IPV4_IDENT
+fi
 if [ -n "$cap" ]; then sleep 1; kill "$cap" 2>/dev/null || true; wait "$cap" 2>/dev/null || true; fi
 exit 0
 EOF
@@ -133,6 +210,8 @@ EOF
 guest_script=$OUT/guest.sh
 cat >"$guest_script" <<EOF
 SIZES='$SIZES'
+UD_SIZES='$UD_SIZES'
+DROPIN=$DROPIN
 ITERS=$ITERS
 B=$GUEST_BIN
 PP_TIMEOUT=$PP_TIMEOUT
@@ -181,11 +260,44 @@ timeout $CHECK_TIMEOUT $B rdma-check --provider hw -d "$RXE_DEV" -g "$GID_INDEX"
 rc=$?
 sed 's/^/guest rdma-check: /' rc.out
 verdict rdma-check $rc
+# ud_client NAME PORT SIZE: the guest's ibv_ud_pingpong client, retrying until the host listens.
+ud_client() {
+  try=0
+  while :; do
+    timeout $PP_TIMEOUT ibv_ud_pingpong -d "$RXE_DEV" -g "$GID_INDEX" -s "$3" -n "$ITERS" -p "$2" "$HOST_IP" >pp.out 2>&1
+    rc=$?
+    if [ $rc != 0 ] && grep -q "Couldn't connect" pp.out && [ $try -lt 300 ]; then
+      try=$((try + 1)); sleep 0.2; continue
+    fi
+    break
+  done
+  sed "s/^/guest $1: /" pp.out
+  verdict "$1" $rc
+}
+# ud_server NAME PORT SIZE: the guest's ibv_ud_pingpong server.
+ud_server() {
+  timeout $PP_TIMEOUT ibv_ud_pingpong -d "$RXE_DEV" -g "$GID_INDEX" -s "$3" -n "$ITERS" -p "$2" >pp.out 2>&1
+  rc=$?
+  sed "s/^/guest $1: /" pp.out
+  verdict "$1" $rc
+}
+# (e) guest UD client -> host softverbs ud-pingpong server; (f) the reverse.
+n=0
+for s in $UD_SIZES; do ud_client "ud-pingpong-guest-client-$s" $((18640 + n)) "$s"; n=$((n + 1)); done
+n=0
+for s in $UD_SIZES; do ud_server "ud-pingpong-host-client-$s" $((18660 + n)) "$s"; n=$((n + 1)); done
+# (g), (h): the same against the host's ibv_ud_pingpong on the drop-in.
+if [ "$DROPIN" = 1 ]; then
+  n=0
+  for s in $UD_SIZES; do ud_client "dropin-ud-pingpong-guest-client-$s" $((18680 + n)) "$s"; n=$((n + 1)); done
+  n=0
+  for s in $UD_SIZES; do ud_server "dropin-ud-pingpong-host-client-$s" $((18720 + n)) "$s"; n=$((n + 1)); done
+fi
 echo "guest rxe0 counters:"; counters
 exit 0
 EOF
 
-say "running (a) guest client / host server, (b) host client / guest server for sizes $SIZES, (c) rdma-check"
+say "running (a) guest client / host server, (b) host client / guest server for sizes $SIZES, (c) rdma-check, (e)-(h) UD for sizes $UD_SIZES"
 t0=$(date +%s)
 set +e
 (cd "$OUT" && "$RXE_VM" run --timeout "${RXE_VM_TIMEOUT:-600}" --add "$BIN:$GUEST_BIN" \
@@ -200,6 +312,12 @@ checks=""
 for s in $SIZES; do checks="$checks pingpong-guest-client-$s"; done
 for s in $SIZES; do checks="$checks pingpong-host-client-$s"; done
 checks="$checks rdma-check"
+for s in $UD_SIZES; do checks="$checks ud-pingpong-guest-client-$s"; done
+for s in $UD_SIZES; do checks="$checks ud-pingpong-host-client-$s"; done
+if [ "$DROPIN" = 1 ]; then
+  for s in $UD_SIZES; do checks="$checks dropin-ud-pingpong-guest-client-$s"; done
+  for s in $UD_SIZES; do checks="$checks dropin-ud-pingpong-host-client-$s"; done
+fi
 fail=0
 usec() { # log-prefix: the usec/iter figure of that pingpong run
   grep -E "^$1: [0-9]+ iters in .* usec/iter" "$OUT/rxe.clean.log" | tail -1 | sed 's/.*= //; s/ usec\/iter//'
@@ -211,10 +329,11 @@ usec() { # log-prefix: the usec/iter figure of that pingpong run
     if [ "${g%% *}" = PASS ] && [ "${h%% *}" = PASS ]; then v=PASS; else v=FAIL; fail=1; fi
     extra=""
     case "$c" in
-      pingpong-*) extra="usec/iter: softverbs $(usec "\[host\] $c" || true), rxe $(usec "guest $c" || true)" ;;
+      pingpong-*|ud-pingpong-*|dropin-ud-pingpong-*) extra="usec/iter: softverbs $(usec "\[host\] $c" || true), rxe $(usec "guest $c" || true)" ;;
     esac
-    printf '%-4s  %-28s guest: %-16s host: %-24s %s\n' "$v" "$c" "${g:-missing}" "${h:-missing}" "$extra"
+    printf '%-4s  %-36s guest: %-16s host: %-24s %s\n' "$v" "$c" "${g:-missing}" "${h:-missing}" "$extra"
   done
+  [ -z "$DROPIN_NOTE" ] || echo "SKIP  dropin-ud-pingpong-*               ($DROPIN_NOTE)"
   if [ "$PCAP" = 1 ]; then
     # Every data packet of (a)-(c) and its ACK: thousands; fewer means the capture missed them.
     if "$BIN" icrc-check --min-packets 1000 "$OUT/tap.pcap" >"$OUT/icrc-check.log" 2>&1; then
@@ -233,10 +352,10 @@ usec() { # log-prefix: the usec/iter figure of that pingpong run
     sed 's/^\[host\] rdma-check: /  /' || true
   echo "rdma-check, guest side (hw provider, rxe0):"
   grep -E '^guest rdma-check: (PASS|FAIL|rdma-check:)' "$OUT/rxe.clean.log" | sed 's/^guest rdma-check: /  /' || true
-  failed_logs=$(grep -lE '^(softverbs (pingpong|rdma-check):|FAIL)' "$OUT"/host-*.log 2>/dev/null || true)
+  failed_logs=$(grep -lE '^(softverbs (pingpong|ud-pingpong|rdma-check):|FAIL)' "$OUT"/host-*.log 2>/dev/null || true)
   if [ -n "$failed_logs" ]; then
     echo "host errors:"
-    grep -hE 'softverbs (pingpong|rdma-check):|FAIL|device counters' $failed_logs | sed 's/^/  /' || true
+    grep -hE 'softverbs (pingpong|ud-pingpong|rdma-check):|FAIL|device counters' $failed_logs | sed 's/^/  /' || true
   fi
 } >"$OUT/summary.txt"
 cat "$OUT/summary.txt"

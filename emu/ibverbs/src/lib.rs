@@ -11,16 +11,16 @@
 //!   async events. Zero configuration: one device on a free `127.x.y.z:4791`;
 //!   `SOFTVERBS_UDP_ADDRS`, `SOFTVERBS_FAULTS`, `SOFTVERBS_PCAP`, `SOFTVERBS_SEED` override.
 //! * [`objects`]: PD, MR (the application's own memory), completion channel, CQ (classic and
-//!   extended), SRQ, AH.
-//! * [`qp`]: QPs, `ibv_post_send`/`recv` through the context's ops table, the `ibv_qp_ex`
-//!   work-request builder.
+//!   extended), SRQ, AH (with `ibv_init_ah_from_wc` / `ibv_create_ah_from_wc`).
+//! * [`qp`]: QPs (RC and UD), `ibv_post_send`/`recv` through the context's ops table, the
+//!   `ibv_qp_ex` work-request builder.
 //! * [`strings`]: `ibv_*_str` and rate conversions, with rdma-core's strings.
 //! * [`stubs`]: every other exported symbol, failing as libibverbs fails for an unsupported
 //!   verb (`EOPNOTSUPP`, NULL).
 //!
 //! Every exported function is `unsafe extern "C"` and follows libibverbs' contract for that
 //! call (pointers valid, objects of this library); within it, NULL where the API forbids it
-//! gives `EINVAL`, and no panic crosses the boundary ([`guard`]). What it is not: a UD, XRC,
+//! gives `EINVAL`, and no panic crosses the boundary ([`guard`]). What it is not: a UC, XRC,
 //! memory-window or RDMA-CM implementation (those answer `EOPNOTSUPP`).
 #![allow(clippy::missing_safety_doc)] // every export follows libibverbs' documented contract
 

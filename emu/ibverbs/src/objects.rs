@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use emu_udp::{UdpChannel, UdpCq, UdpMr, UdpPd, UdpSrq};
 use ibverbs_sys::*;
 use verbs_api::{
-    AccessFlags, CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
-    SharedReceiveQueue, SrqAttr, WorkCompletion,
+    AccessFlags, AddressHandle, CompletionChannel, CompletionQueue, Context, MemoryRegion,
+    ProtectionDomain, SharedReceiveQueue, SrqAttr, WorkCompletion,
 };
 
 use crate::device::{CtxInner, fd_nonblocking, release, retain, udp_context, wait_readable};
@@ -900,50 +900,176 @@ pub unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, srq_num: *mut u32) -> c_
 
 // ---- AH ------------------------------------------------------------------------------------
 
-/// An address handle: the attributes, kept for UD (which softverbs does not offer yet).
+/// The UDP device's address handle.
+type UdpAh = <emu_udp::UdpContext as Context>::Ah;
+
+/// An address handle: where a UD send goes (`wr.ud.ah`, `ibv_wr_set_ud_addr`).
 #[repr(C)]
 pub struct SvAh {
     /// The public part.
     pub ah: ibv_ah,
-    attr: ibv_ah_attr,
+    udp: UdpAh,
 }
 
-/// `ibv_create_ah`: stores the attributes; `EINVAL` without a GRH (RoCE needs one).
+/// The handle of the device AH behind an `ibv_ah` (NULL → `None`): what a UD work request
+/// carries ([`verbs_api::UdDest::ah`]).
+///
+/// # Safety
+///
+/// `ah` is NULL or a live AH of this library.
+pub(crate) unsafe fn ah_handle(ah: *mut ibv_ah) -> Option<u32> {
+    let sv = ah.cast::<SvAh>();
+    // SAFETY: per the contract; only the private part is borrowed.
+    (!sv.is_null()).then(|| unsafe { &(*sv).udp }.handle())
+}
+
+/// Creates an AH in `pd` from the caller's attributes.
+fn new_ah(pd: *mut ibv_pd, attr: &ibv_ah_attr) -> Result<*mut SvAh, c_int> {
+    // SAFETY: a live PD of ours (or NULL).
+    let (Some(udp_pd), Some(c)) = (unsafe { pd_udp(pd) }, unsafe { pd_ctx(pd) }) else {
+        return Err(libc::EINVAL);
+    };
+    // Every softverbs port is RoCE: an address needs the GRH (the peer's GID).
+    if attr.is_global == 0 {
+        return Err(libc::EINVAL);
+    }
+    let udp = c
+        .udp
+        .create_ah(udp_pd, &convert::ah_from(attr))
+        .map_err(|e| e.errno())?;
+    // SAFETY: a live PD records its live context.
+    let context = unsafe { (*pd).context };
+    let ah = ibv_ah {
+        context,
+        pd,
+        handle: udp.handle(),
+    };
+    // SAFETY: the PD's live context.
+    unsafe { retain(context) };
+    Ok(Box::into_raw(Box::new(SvAh { ah, udp })))
+}
+
+/// `ibv_create_ah`: `EINVAL` without a GRH (RoCE needs one), for a port other than 1 or a
+/// GID index outside the table. `grh.dgid` `::ffff:a.b.c.d` names the peer `a.b.c.d:4791`.
+/// The PD is busy (`ibv_dealloc_pd` → `EBUSY`) until the AH is destroyed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard(std::ptr::null_mut(), || {
-        if pd.is_null() || attr.is_null() {
+        if attr.is_null() {
             return null_with(libc::EINVAL);
         }
-        // SAFETY: a live PD and the caller's attribute struct.
-        let (context, attr) = unsafe { ((*pd).context, *attr) };
-        // Every softverbs port is RoCE: an address needs the GRH (the peer's GID).
-        if attr.is_global == 0 {
-            return null_with(libc::EINVAL);
+        // SAFETY: the caller's attribute struct.
+        match new_ah(pd, unsafe { &*attr }) {
+            Ok(sv) => sv.cast(),
+            Err(e) => null_with(e),
         }
-        let ah = ibv_ah {
-            context,
-            pd,
-            handle: 0,
-        };
-        // SAFETY: the PD's live context.
-        unsafe { retain(context) };
-        Box::into_raw(Box::new(SvAh { ah, attr })).cast()
     })
 }
 
-/// `ibv_destroy_ah`.
+/// `ibv_destroy_ah`: datagrams already posted with it still go out (the address was copied at
+/// post time); later posts naming it fail with `EINVAL`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     guard(libc::EIO, || {
-        if ah.is_null() {
+        let sv = ah.cast::<SvAh>();
+        if sv.is_null() {
             return libc::EINVAL;
+        }
+        // SAFETY: a live AH of ours; only the private part is borrowed.
+        if let Err(e) = unsafe { &(*sv).udp }.destroy() {
+            return e.errno();
         }
         // SAFETY: a live AH's context is kept alive while it has objects.
         unsafe { release((*ah).context) };
-        // SAFETY: allocated by ibv_create_ah; the caller gives it up.
-        let sv = unsafe { Box::from_raw(ah.cast::<SvAh>()) };
-        let _ = sv.attr;
+        // SAFETY: allocated by new_ah; the caller gives it up.
+        drop(unsafe { Box::from_raw(sv) });
         0
+    })
+}
+
+/// The address handle attributes answering the datagram of `wc` whose receive buffer starts
+/// with `grh` (`ibv_init_ah_from_wc`'s rule, for RoCEv2: the GRH's source GID becomes `dgid`).
+fn ah_attr_from_wc(wc: &ibv_wc, grh: &[u8], port_num: u8) -> Result<ibv_ah_attr, c_int> {
+    let w = WorkCompletion {
+        wc_flags: verbs_api::WcFlags::from_bits_truncate(wc.wc_flags),
+        sl: wc.sl,
+        ..WorkCompletion::default()
+    };
+    let a = verbs_api::init_ah_from_wc(&w, grh, port_num).map_err(|e| e.errno())?;
+    Ok(ibv_ah_attr {
+        dlid: wc.slid,
+        src_path_bits: wc.dlid_path_bits,
+        ..convert::ah_to(&a)
+    })
+}
+
+/// The 40 bytes of `struct ibv_grh` at `grh` (NULL → `EINVAL`).
+///
+/// # Safety
+///
+/// `grh` is NULL or names 40 readable bytes.
+unsafe fn grh_bytes<'a>(grh: *const c_void) -> Result<&'a [u8], c_int> {
+    if grh.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: per the contract.
+    Ok(unsafe { std::slice::from_raw_parts(grh.cast::<u8>(), verbs_api::GRH_LEN) })
+}
+
+/// `ibv_init_ah_from_wc`: fills `ah_attr` to answer the datagram of `wc` (which must have
+/// `IBV_WC_GRH`), whose GRH is `grh` (for RoCEv2 over IPv4, the IPv4 header in its last 20
+/// bytes, as rdma-core parses it). 0, or −1 with `errno` (as its man page says): `EINVAL` for
+/// a completion without a GRH or a GRH holding neither an IPv4 nor an IPv6 header.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut c_void,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    let fail = |e| {
+        set_errno(e);
+        -1
+    };
+    guard(-1, || {
+        // SAFETY: a context we opened (or NULL).
+        if unsafe { udp_context(context) }.is_none() || wc.is_null() || ah_attr.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: the caller's GRH (40 bytes) and completion.
+        let attr =
+            unsafe { grh_bytes(grh) }.and_then(|g| ah_attr_from_wc(unsafe { &*wc }, g, port_num));
+        match attr {
+            Ok(a) => {
+                // SAFETY: the caller's out-struct.
+                unsafe { ah_attr.write(a) };
+                0
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `ibv_create_ah_from_wc`: `ibv_init_ah_from_wc`, then `ibv_create_ah` in `pd`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut c_void,
+    port_num: u8,
+) -> *mut ibv_ah {
+    guard(std::ptr::null_mut(), || {
+        if wc.is_null() {
+            return null_with(libc::EINVAL);
+        }
+        // SAFETY: the caller's GRH (40 bytes) and completion.
+        let attr = unsafe { grh_bytes(grh) }
+            .and_then(|g| ah_attr_from_wc(unsafe { &*wc }, g, port_num))
+            .and_then(|a| new_ah(pd, &a));
+        match attr {
+            Ok(sv) => sv.cast(),
+            Err(e) => null_with(e),
+        }
     })
 }

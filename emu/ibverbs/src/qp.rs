@@ -3,9 +3,10 @@
 //!
 //! Both posting paths collect work requests into a `Batch` (SGEs and inline bytes copied
 //! into two flat vectors, so a post allocates nothing once the thread's batch has grown) and
-//! post it with one `post_send` of the UDP QP. RC and UC are offered (a UC QP takes the
-//! same calls; the engine refuses RC-only masks and operations); UD, XRC, memory windows,
-//! TSO and invalidation answer `EOPNOTSUPP`.
+//! post it with one `post_send` of the UDP QP. RC, UC and UD are offered (a UC QP takes the
+//! same calls as RC; the engine refuses RC-only masks and operations; a UD work request names
+//! its AH, remote QPN and Q_Key in `wr.ud` or through `ibv_wr_set_ud_addr`); XRC, memory
+//! windows, TSO and invalidation answer `EOPNOTSUPP`.
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
@@ -16,14 +17,19 @@ use emu_udp::UdpQp;
 use ibverbs_sys::*;
 use verbs_api::{
     Context, PostError, QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    UdDest,
 };
 
 use crate::device::{release, retain, udp_context};
-use crate::objects::{cq_inner, pd_udp, srq_udp};
+use crate::objects::{ah_handle, cq_inner, pd_udp, srq_udp};
 use crate::{convert, guard, null_with};
 
 /// `IBV_SEND_INLINE`.
 const SEND_INLINE: u32 = 1 << 3;
+/// `IBV_QPT_UD`.
+const IBV_QPT_UD: u32 = 4;
+/// The `send_ops_flags` of a UD QP: `IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM`.
+const IBV_QP_EX_UD_OPS: u64 = (1 << 2) | (1 << 3);
 
 /// One work request of a [`Batch`].
 #[derive(Clone, Debug)]
@@ -33,6 +39,8 @@ struct BatchWr {
     op: SendOp,
     sge: Range<usize>,
     inline: Option<Range<usize>>,
+    /// The destination of a UD work request.
+    ud: Option<UdDest>,
 }
 
 /// Send work requests being collected, with their SGEs and inline bytes in flat vectors.
@@ -61,6 +69,7 @@ impl Batch {
             op,
             sge: n..n,
             inline: None,
+            ud: None,
         });
     }
 
@@ -86,6 +95,16 @@ impl Batch {
         last.flags |= SendFlags::INLINE;
     }
 
+    /// Sets the UD destination of the last work request.
+    fn set_ud(&mut self, ud: UdDest) {
+        match self.wrs.last_mut() {
+            Some(last) => last.ud = Some(ud),
+            None => {
+                self.error.get_or_insert(libc::EINVAL);
+            }
+        }
+    }
+
     /// Posts every collected work request.
     fn post(&self, qp: &UdpQp) -> Result<(), PostError> {
         let wrs: Vec<SendWr<'_>> = self
@@ -101,8 +120,7 @@ impl Batch {
                 },
                 inline_data: w.inline.clone().map_or(&[][..], |r| &self.bytes[r]),
                 flags: w.flags,
-                // UD through the drop-in (ibv_create_ah, wr.ud) is not wired yet.
-                ud: None,
+                ud: w.ud,
             })
             .collect();
         qp.post_send(&wrs)
@@ -130,6 +148,8 @@ fn with_scratch<R>(f: impl FnOnce(&mut Batch) -> R) -> R {
 pub(crate) struct QpInner {
     pub(crate) udp: UdpQp,
     sq_sig_all: bool,
+    /// A UD QP: send work requests carry `wr.ud`.
+    ud: bool,
     builder: Mutex<Batch>,
 }
 
@@ -193,8 +213,8 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
     let qp_type = match a.qp_type {
         2 => QpType::Rc,
         3 => QpType::Uc,
-        // The engine has UD, but the drop-in does not carry it yet (AHs in `wr.ud`, the GRH
-        // in receive buffers): refuse it as libibverbs refuses an unsupported QP type.
+        IBV_QPT_UD => QpType::Ud,
+        // Refused as libibverbs refuses a QP type its provider lacks.
         _ => return Err(libc::EOPNOTSUPP),
     };
     let attr = QpInitAttr {
@@ -231,6 +251,7 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
         inner: QpInner {
             udp,
             sq_sig_all: a.sq_sig_all != 0,
+            ud: qp_type == QpType::Ud,
             builder: Mutex::new(Batch::default()),
         },
     }));
@@ -242,8 +263,8 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
     Ok(sv)
 }
 
-/// `ibv_create_qp`: RC and UC (`EOPNOTSUPP` for other types); the granted capacities are
-/// written back into `qp_init_attr->cap`.
+/// `ibv_create_qp`: RC, UC and UD (`EOPNOTSUPP` for XRC and raw-packet QPs); the granted
+/// capacities are written back into `qp_init_attr->cap`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
@@ -263,9 +284,9 @@ pub unsafe extern "C" fn ibv_create_qp(
 const QP_EX_MASKS: u32 =
     IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 
-/// `verbs_context.create_qp_ex`: `comp_mask` PD (required), SEND_OPS_FLAGS (RC operations
-/// only; a UC QP's READ/atomic builders fail at `wr_complete`) and CREATE_FLAGS (0 only);
-/// anything else `EOPNOTSUPP`.
+/// `verbs_context.create_qp_ex`: `comp_mask` PD (required), SEND_OPS_FLAGS (RC operations on
+/// an RC QP — a UC QP's READ/atomic builders fail at `wr_complete` —, SEND and SEND_WITH_IMM on
+/// a UD QP) and CREATE_FLAGS (0 only); anything else `EOPNOTSUPP`.
 pub unsafe extern "C" fn create_qp_ex(
     _context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -280,7 +301,7 @@ pub unsafe extern "C" fn create_qp_ex(
             return null_with(libc::EINVAL);
         }
         let bad_ops = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0
-            && a.send_ops_flags & !IBV_QP_EX_RC_OPS != 0;
+            && a.send_ops_flags & !send_ops_of(a.qp_type) != 0;
         let bad_flags = a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0;
         if a.comp_mask & !QP_EX_MASKS != 0 || bad_ops || bad_flags {
             return null_with(libc::EOPNOTSUPP);
@@ -303,6 +324,15 @@ pub unsafe extern "C" fn create_qp_ex(
             Err(e) => null_with(e),
         }
     })
+}
+
+/// The `send_ops_flags` a QP of type `qp_type` offers.
+fn send_ops_of(qp_type: u32) -> u64 {
+    if qp_type == IBV_QPT_UD {
+        IBV_QP_EX_UD_OPS
+    } else {
+        IBV_QP_EX_RC_OPS
+    }
 }
 
 /// `ibv_qp_to_qp_ex`: every QP of this library has the extended builder.
@@ -500,16 +530,43 @@ fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
     })
 }
 
-/// Adds one classic send work request to `batch`; inline payloads are copied now.
+/// The UD destination of a classic send work request (`wr.ud`); a NULL AH is `EINVAL`.
 ///
 /// # Safety
 ///
-/// `wr` follows `ibv_post_send`'s contract (valid SGE list; inline SGEs name readable memory).
-unsafe fn add_send_wr(batch: &mut Batch, wr: &ibv_send_wr) -> Result<(), c_int> {
+/// `wr.wr.ud.ah` is NULL or a live AH of this library.
+unsafe fn ud_dest(wr: &ibv_send_wr) -> Result<UdDest, c_int> {
+    // SAFETY: on a UD QP the union holds `ud`: a pointer and two integers.
+    let ud = unsafe { wr.wr.ud };
+    Ok(UdDest {
+        // SAFETY: per the contract.
+        ah: unsafe { ah_handle(ud.ah.cast()) }.ok_or(libc::EINVAL)?,
+        remote_qpn: ud.remote_qpn,
+        remote_qkey: ud.remote_qkey,
+    })
+}
+
+/// Adds one classic send work request to `batch` (with its `wr.ud` destination when `ud`);
+/// inline payloads are copied now.
+///
+/// # Safety
+///
+/// `wr` follows `ibv_post_send`'s contract (valid SGE list; inline SGEs name readable memory;
+/// on a UD QP a live AH).
+unsafe fn add_send_wr(batch: &mut Batch, wr: &ibv_send_wr, ud: bool) -> Result<(), c_int> {
     let op = send_op(wr)?;
+    let dest = if ud {
+        // SAFETY: per the contract, a UD work request names a live AH (or NULL).
+        Some(unsafe { ud_dest(wr) }?)
+    } else {
+        None
+    };
     // SAFETY: per the contract.
     let list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
     batch.push(wr.wr_id, wr.send_flags, op);
+    if let Some(d) = dest {
+        batch.set_ud(d);
+    }
     if wr.send_flags & SEND_INLINE != 0 {
         for s in list {
             let n = s.length as usize;
@@ -541,7 +598,11 @@ unsafe fn add_send_wr(batch: &mut Batch, wr: &ibv_send_wr) -> Result<(), c_int> 
 /// # Safety
 ///
 /// `wr` is a valid NULL-terminated list; `bad_wr` is NULL or writable.
-unsafe fn post_send_list(qp: &UdpQp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+unsafe fn post_send_list(
+    qp: &QpInner,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
     with_scratch(|batch| {
         let mut ptrs: Vec<*mut ibv_send_wr> = Vec::new();
         let mut cur = wr;
@@ -550,7 +611,7 @@ unsafe fn post_send_list(qp: &UdpQp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv
             // SAFETY: a node of the caller's list.
             let w = unsafe { &*cur };
             // SAFETY: per ibv_post_send's contract.
-            if let Err(e) = unsafe { add_send_wr(batch, w) } {
+            if let Err(e) = unsafe { add_send_wr(batch, w, qp.ud) } {
                 batch.wrs.truncate(ptrs.len());
                 conv_err = Some((ptrs.len(), e));
                 ptrs.push(cur);
@@ -559,7 +620,7 @@ unsafe fn post_send_list(qp: &UdpQp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv
             ptrs.push(cur);
             cur = w.next;
         }
-        let result = match batch.post(qp) {
+        let result = match batch.post(&qp.udp) {
             Err(e) => Some((e.index, e.error.errno())),
             Ok(()) => conv_err,
         };
@@ -589,7 +650,7 @@ pub unsafe extern "C" fn post_send(
             return libc::EINVAL;
         };
         // SAFETY: ibv_post_send's contract.
-        unsafe { post_send_list(&inner.udp, wr, bad_wr) }
+        unsafe { post_send_list(inner, wr, bad_wr) }
     })
 }
 
@@ -864,8 +925,25 @@ unsafe extern "C" fn wr_bind_mw(
     fail_wr(qp, libc::EOPNOTSUPP);
 }
 
-unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, _ah: *mut ibv_ah, _qpn: u32, _qkey: u32) {
-    fail_wr(qp, libc::EOPNOTSUPP);
+/// `ibv_wr_set_ud_addr`: the destination of the current work request of a UD QP
+/// (`EOPNOTSUPP` on other QP types, `EINVAL` for a NULL AH; reported by `wr_complete`).
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
+    // SAFETY: a live QP of ours (or NULL).
+    let ud = unsafe { qp_inner(qp) }.is_some_and(|i| i.ud);
+    if !ud {
+        return fail_wr(qp, libc::EOPNOTSUPP);
+    }
+    // SAFETY: ibv_wr_set_ud_addr's contract: a live AH of this library (or NULL).
+    let Some(handle) = (unsafe { ah_handle(ah) }) else {
+        return fail_wr(qp, libc::EINVAL);
+    };
+    with_builder(qp, |b| {
+        b.set_ud(UdDest {
+            ah: handle,
+            remote_qpn: qpn,
+            remote_qkey: qkey,
+        });
+    });
 }
 
 unsafe extern "C" fn wr_atomic_write(

@@ -122,7 +122,6 @@ errno_stubs!(
     ibv_cmd_rereg_mr,
     ibv_cmd_resize_cq,
     ibv_detach_mcast,
-    ibv_init_ah_from_wc,
     ibv_query_ece,
     ibv_rereg_mr,
     ibv_resolve_eth_l2_from_gid,
@@ -131,7 +130,6 @@ errno_stubs!(
 
 null_stubs!(
     _verbs_init_and_alloc_context,
-    ibv_create_ah_from_wc,
     ibv_import_device,
     ibv_import_dm,
     ibv_import_mr,

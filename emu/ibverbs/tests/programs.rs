@@ -1,5 +1,5 @@
-//! Unmodified rdma-core programs on the built library: `ibv_devinfo -v` and an
-//! `ibv_rc_pingpong` server/client pair (two processes, zero configuration: each binds its
+//! Unmodified rdma-core programs on the built library: `ibv_devinfo -v`, an
+//! `ibv_rc_pingpong` and an `ibv_ud_pingpong` server/client pair (two processes, zero configuration: each binds its
 //! own 127.x.y.z:4791), and `tests/c/extended.c`, a C program of the extended verbs.
 //!
 //! Needs `scripts/build-libibverbs.sh` to have run (its output directory: `LIBIBVERBS_DIR`,
@@ -84,67 +84,84 @@ fn ibv_rc_pingpong_server_and_client() {
         return;
     };
     for extra in [&[][..], &["-e"][..], &["-s", "65536"][..]] {
-        // A free TCP port for the programs' own exchange.
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let args = |c: &mut Command| {
-            c.args(["-g", "0", "-n", "50", "-p", &port.to_string()])
-                .args(extra);
-        };
-        let mut server = command(&prog, &lib);
-        args(&mut server);
-        let server = server
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        let mut client = command(&prog, &lib);
-        args(&mut client);
-        let mut tries = 0;
-        let client = loop {
-            let out = wait(
-                client
-                    .arg("127.0.0.1")
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap(),
-                Duration::from_secs(60),
-            );
-            // The server may not listen yet on a loaded machine: retry the connect.
-            let err = String::from_utf8_lossy(&out.stderr).to_string();
-            if out.status.success() || !err.contains("Couldn't connect") || tries == 10 {
-                break out;
-            }
-            tries += 1;
-            std::thread::sleep(Duration::from_millis(300));
-            client = command(&prog, &lib);
-            args(&mut client);
-        };
-        let server = wait(server, Duration::from_secs(60));
-        let show = |o: &Output| {
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        };
-        assert!(
-            client.status.success(),
-            "client {extra:?}: {}",
-            show(&client)
-        );
-        assert!(
-            server.status.success(),
-            "server {extra:?}: {}",
-            show(&server)
-        );
-        assert!(show(&client).contains("50 iters in"), "{}", show(&client));
+        pingpong_pair(&lib, &prog, extra);
     }
+}
+
+/// UD through the drop-in: `ibv_ud_pingpong -g 0 -c` (each side checks the bytes it
+/// receives), polling and with events, up to the 4096-byte MTU payload.
+#[test]
+fn ibv_ud_pingpong_server_and_client() {
+    let (Some(lib), Some(prog)) = (lib_dir(), program("ibv_ud_pingpong")) else {
+        return;
+    };
+    for extra in [&["-c"][..], &["-c", "-e", "-s", "4096"][..]] {
+        pingpong_pair(&lib, &prog, extra);
+    }
+}
+
+/// Runs `prog -g 0 -n 50 EXTRA` as server and client on the built library; both must pass.
+fn pingpong_pair(lib: &Path, prog: &Path, extra: &[&str]) {
+    // A free TCP port for the programs' own exchange.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let args = |c: &mut Command| {
+        c.args(["-g", "0", "-n", "50", "-p", &port.to_string()])
+            .args(extra);
+    };
+    let mut server = command(prog, lib);
+    args(&mut server);
+    let server = server
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client = command(prog, lib);
+    args(&mut client);
+    let mut tries = 0;
+    let client = loop {
+        let out = wait(
+            client
+                .arg("127.0.0.1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+            Duration::from_secs(60),
+        );
+        // The server may not listen yet on a loaded machine: retry the connect.
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        if out.status.success() || !err.contains("Couldn't connect") || tries == 10 {
+            break out;
+        }
+        tries += 1;
+        std::thread::sleep(Duration::from_millis(300));
+        client = command(prog, lib);
+        args(&mut client);
+    };
+    let server = wait(server, Duration::from_secs(60));
+    let show = |o: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(
+        client.status.success(),
+        "client {extra:?}: {}",
+        show(&client)
+    );
+    assert!(
+        server.status.success(),
+        "server {extra:?}: {}",
+        show(&server)
+    );
+    assert!(show(&client).contains("50 iters in"), "{}", show(&client));
 }
 
 /// `tests/c/extended.c`, compiled against the installed `verbs.h` and linked with the built

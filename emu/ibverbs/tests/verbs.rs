@@ -631,14 +631,15 @@ fn bad_use_gets_libibverbs_errors() {
         assert_eq!(ibv_modify_qp(n.qp, &mut attr, rtr), libc::EINVAL);
         let mut ah_attr = attr.ah_attr;
         assert!(ibv_create_ah(n.pd, &mut ah_attr).is_null());
-        // UD QPs, iova != addr, multicast and the provider-private calls are not supported.
+        // Raw-packet QPs, iova != addr, multicast and the provider-private calls are not
+        // supported (UD is: tests/ud.rs).
         let mut init = ibv_qp_init_attr {
             qp_context: null_mut(),
             send_cq: n.cq,
             recv_cq: n.cq,
             srq: null_mut(),
             cap: cap(),
-            qp_type: 4,
+            qp_type: 8,
             sq_sig_all: 0,
         };
         assert!(ibv_create_qp(n.pd, &mut init).is_null());

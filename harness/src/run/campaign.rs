@@ -46,7 +46,7 @@ pub enum WorkloadChoice {
     /// Run `k` gets the `k mod 5`-th workload (pingpong, stream-write, read-verify,
     /// atomic-counter, mixed).
     Cycle,
-    /// Drawn from the campaign seed.
+    /// One of those five, drawn from the campaign seed.
     Draw,
     /// Always this one.
     Fixed(Workload),
@@ -99,8 +99,9 @@ pub struct CampaignArgs {
     /// Node processes per run (2–64).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=64))]
     pub nodes: u32,
-    /// Workload of each run: `cycle` (through all five in turn), `draw` (from the seed), or a
-    /// workload name (pingpong, stream-write, read-verify, atomic-counter, mixed).
+    /// Workload of each run: `cycle` (through the five RC workloads in turn), `draw` (one of
+    /// them, from the seed), or a workload name (pingpong, stream-write, read-verify,
+    /// atomic-counter, mixed, ud-send).
     #[arg(long, default_value = "cycle", value_parser = workload_choice)]
     pub workload: WorkloadChoice,
     /// Operations each node of each run posts (faults are then placed within the first
@@ -262,7 +263,7 @@ struct Job {
 /// draws per run whatever the workload choice (so `--workload` does not change the seeds).
 pub fn run_seeds(seed: u64, runs: u32, choice: WorkloadChoice) -> Vec<(u64, Workload)> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let all = Workload::value_variants();
+    let all = &crate::run::layout::RC_WORKLOADS;
     (0..runs)
         .map(|k| {
             let run_seed = rng.next_u64() >> 16;

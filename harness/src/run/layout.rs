@@ -38,7 +38,21 @@ pub enum Workload {
     AtomicCounter,
     /// A seeded random mix of WRITE, SEND with immediate, READ and FETCH_ADD.
     Mixed,
+    /// Unreliable datagrams: each link is a pair of UD QPs, and each node SENDs (with
+    /// immediate) checksummed datagram records to each peer. Lost datagrams are allowed where
+    /// the fault plan dropped, corrupted, truncated or partitioned; duplicates where it
+    /// duplicated. Not drawn by `softverbs campaign`'s `cycle` and `draw`.
+    UdSend,
 }
+
+/// The workloads over RC QPs: the ones `softverbs campaign` cycles through and draws from.
+pub const RC_WORKLOADS: [Workload; 5] = [
+    Workload::Pingpong,
+    Workload::StreamWrite,
+    Workload::ReadVerify,
+    Workload::AtomicCounter,
+    Workload::Mixed,
+];
 
 impl Workload {
     /// The name used on the command line and in reports.
@@ -49,7 +63,13 @@ impl Workload {
             Workload::ReadVerify => "read-verify",
             Workload::AtomicCounter => "atomic-counter",
             Workload::Mixed => "mixed",
+            Workload::UdSend => "ud-send",
         }
+    }
+
+    /// True for the workloads whose links are UD QPs.
+    pub fn is_ud(self) -> bool {
+        self == Workload::UdSend
     }
 }
 
@@ -59,7 +79,7 @@ impl Workload {
 pub fn window(workload: Workload) -> usize {
     match workload {
         Workload::Pingpong => 1,
-        Workload::StreamWrite | Workload::Mixed => 16,
+        Workload::StreamWrite | Workload::Mixed | Workload::UdSend => 16,
         Workload::ReadVerify => 8,
         Workload::AtomicCounter => 4,
     }
@@ -120,8 +140,16 @@ pub const WRITE_OFF: u64 = 0;
 pub const WRITE_AREA: u64 = 4 << 20;
 /// Inbound SENDs, within a link block.
 pub const RECV_OFF: u64 = WRITE_OFF + WRITE_AREA;
-/// Bytes per receive slot (the largest SEND).
+/// Bytes per receive slot (the largest SEND; on a UD link the GRH and the largest datagram).
 pub const RECV_SLOT: u64 = 256;
+/// Bytes of the GRH in front of every datagram a UD receive slot holds.
+pub const UD_GRH: u64 = 40;
+/// Datagrams a node sends to one peer at most: a quarter of the peer's receive slots, so that
+/// the datagrams and a duplicate of each fit in the receives the peer keeps posted
+/// ([`UD_RQ_DEPTH`]) even if it never polled.
+pub const UD_SENDS: u64 = RECV_SLOTS / 4;
+/// Receive WRs a node keeps posted on a UD QP.
+pub const UD_RQ_DEPTH: u64 = RECV_SLOTS / 2;
 /// Receive slots per link.
 pub const RECV_SLOTS: u64 = 4096;
 /// READ landing area, within a link block.
@@ -184,6 +212,8 @@ pub enum RecordKind {
     Pong = 3,
     /// A `mixed` SEND with immediate.
     Send = 4,
+    /// A `ud-send` datagram (SEND with immediate on a UD QP).
+    Datagram = 5,
 }
 
 /// The immediate-data bit that marks a pong (the rest is the ping's number).
@@ -286,6 +316,7 @@ pub fn check_record(bytes: &[u8]) -> Result<(RecordKind, u64, u32), String> {
         2 => RecordKind::Ping,
         3 => RecordKind::Pong,
         4 => RecordKind::Send,
+        5 => RecordKind::Datagram,
         k => return Err(format!("unknown kind {k}")),
     };
     let len = u32_at(12) as usize;

@@ -22,9 +22,10 @@ use emu_fault::{FaultPlan, NodeId};
 use emu_udp::oob::RemoteMr;
 use emu_udp::{UdpContext, UdpCq, UdpMr, UdpProvider, UdpQp};
 use verbs_api::{
-    AccessFlags, CompletionChannel, CompletionQueue, Context, Device, Endpoint, MemoryRegion,
-    Provider, QpCap, QpInitAttr, QueuePair, RcConnectOptions, RecvWr, SendOp, SendWr, WcFlags,
-    WcStatus, WorkCompletion, connect_rc,
+    AccessFlags, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Context, Device,
+    Endpoint, MemoryRegion, Provider, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QueuePair,
+    RcConnectOptions, RecvWr, SendOp, SendWr, UdDest, WcFlags, WcStatus, WorkCompletion,
+    connect_rc,
 };
 
 use crate::run::layout::{self, PONG, RecordKind, Rng, Workload};
@@ -50,6 +51,12 @@ const RQ_DEPTH: u64 = 64;
 const POLL_BATCH: usize = 32;
 /// How often a node reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_millis(20);
+/// The Q_Key of every UD QP of a run.
+const UD_QKEY: u32 = 0x5356_5544;
+
+/// The UDP device's address handle.
+type UdpAh = <UdpContext as Context>::Ah;
+
 /// How long a node waits for each setup message.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -203,16 +210,32 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
+    let ud_cap = QpCap {
+        max_recv_wr: layout::UD_RQ_DEPTH as u32,
+        ..cap
+    };
     let mut raw = Vec::new();
     for &peer in &peers {
         let scq = ctx
             .create_cq(256, Some(&channel))
             .map_err(err("create_cq"))?;
+        // A UD link's receives all complete without the sender waiting for anything: its
+        // receive CQ holds as many completions as receives are posted.
+        let rcq_len = if cfg.workload.is_ud() {
+            layout::UD_RQ_DEPTH as u32
+        } else {
+            256
+        };
         let rcq = ctx
-            .create_cq(256, Some(&channel))
+            .create_cq(rcq_len, Some(&channel))
             .map_err(err("create_cq"))?;
+        let init = if cfg.workload.is_ud() {
+            QpInitAttr::ud(ud_cap)
+        } else {
+            QpInitAttr::rc(cap)
+        };
         let qp = ctx
-            .create_qp(&pd, &scq, &rcq, None, &QpInitAttr::rc(cap))
+            .create_qp(&pd, &scq, &rcq, None, &init)
             .map_err(err("create_qp"))?;
         let resp = if peer == cfg.index {
             let cq = ctx.create_cq(16, None).map_err(err("create_cq"))?;
@@ -269,6 +292,7 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
     for (pos, (peer, qp, scq, rcq, resp)) in raw.into_iter().enumerate() {
         let peer_pos = layout::position(cfg.nodes, cfg.workload, peer, cfg.index)
             .ok_or_else(|| format!("node {peer} does not list node {}", cfg.index))?;
+        let mut ud = None;
         let remote = if let Some((rqp, _)) = &resp {
             let ep_a = qp.endpoint(psn(peer, 1)).map_err(err("endpoint"))?;
             let ep_b = rqp.endpoint(psn(peer, 2)).map_err(err("endpoint"))?;
@@ -280,21 +304,18 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
                 .iter()
                 .find(|p| p.index == peer)
                 .ok_or_else(|| format!("no endpoint for peer {peer}"))?;
-            connect_peer(&ctx, &qp, psn(peer, 0), info, &opts)?
+            if cfg.workload.is_ud() {
+                let (remote, ah, dest) = connect_ud(&ctx, &pd, &qp, psn(peer, 0), info)?;
+                ud = Some((ah, dest));
+                remote
+            } else {
+                connect_peer(&ctx, &qp, psn(peer, 0), info, &opts)?
+            }
         };
-        links.push(Link::new(peer, pos, peer_pos, qp, scq, rcq, resp, remote));
+        let mut link = Link::new(peer, pos, peer_pos, qp, scq, rcq, resp, remote);
+        link.ud = ud;
+        links.push(link);
     }
-    send(&FromNode::Connected)?;
-    match next_msg(rx, SETUP_TIMEOUT)? {
-        ToNode::Start => {}
-        ToNode::Exit => return Ok(()),
-        other => return Err(format!("expected start, got {other:?}")),
-    }
-    if let Some(plan) = plan.filter(|p| !p.rules.is_empty()) {
-        ctx.set_faults(Some(shift_plan(&plan, device_epoch.elapsed())))
-            .map_err(err("installing the fault plan"))?;
-    }
-    log.push(&Entry::Run { at: unix_ms() });
     let mut node = Node {
         rng: Rng::new(cfg.seed ^ layout::mix(u64::from(cfg.index) + 1)),
         cfg,
@@ -309,6 +330,25 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         next_link: 0,
         problems_sent: 0,
     };
+    // A datagram that finds no receive WR is dropped: a UD link's receives are posted before
+    // the start barrier, so that no peer's first datagrams can arrive before them.
+    if node.cfg.workload.is_ud() {
+        for li in 0..node.links.len() {
+            node.top_up_recvs(li);
+        }
+    }
+    send(&FromNode::Connected)?;
+    match next_msg(rx, SETUP_TIMEOUT)? {
+        ToNode::Start => {}
+        ToNode::Exit => return Ok(()),
+        other => return Err(format!("expected start, got {other:?}")),
+    }
+    if let Some(plan) = plan.filter(|p| !p.rules.is_empty()) {
+        node.ctx
+            .set_faults(Some(shift_plan(&plan, device_epoch.elapsed())))
+            .map_err(err("installing the fault plan"))?;
+    }
+    node.log.push(&Entry::Run { at: unix_ms() });
     let result = node.main_loop(rx);
     drop(node);
     // Closes the capture (if any) and reports a write error; a killed node's capture ends
@@ -343,6 +383,55 @@ fn connect_peer(
     ctx.set_peer_node(addr, NodeId(info.index));
     connect_rc(qp, psn, &ep, opts).map_err(err(&format!("connecting to node {}", info.index)))?;
     Ok(remote)
+}
+
+/// Brings the UD QP of a link to RTS (Q_Key [`UD_QKEY`]) and makes the address handle of
+/// the peer's UD QP: the MR, AH and destination of the link.
+fn connect_ud(
+    ctx: &UdpContext,
+    pd: &emu_udp::UdpPd,
+    qp: &UdpQp,
+    psn: u32,
+    info: &PeerInfo,
+) -> Result<(RemoteMr, UdpAh, UdDest), String> {
+    let what = |w: &str| format!("peer {} {w}", info.index);
+    let ep: Endpoint = info.endpoint.parse().map_err(err(&what("endpoint")))?;
+    let remote: RemoteMr = info.mr.parse().map_err(err(&what("MR")))?;
+    let addr: SocketAddr = info.addr.parse().map_err(err(&what("address")))?;
+    ctx.set_peer_node(addr, NodeId(info.index));
+    let attr = |qp_state| QpAttr {
+        qp_state,
+        port_num: 1,
+        qkey: UD_QKEY,
+        sq_psn: psn,
+        ..QpAttr::default()
+    };
+    use QpAttrMask as M;
+    let steps = [
+        (QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY),
+        (QpState::Rtr, M::STATE),
+        (QpState::Rts, M::STATE | M::SQ_PSN),
+    ];
+    for (state, mask) in steps {
+        qp.modify(&attr(state), mask)
+            .map_err(err(&format!("UD QP to {state:?}")))?;
+    }
+    let ah = ctx
+        .create_ah(
+            pd,
+            &AhAttr {
+                dgid: ep.gid,
+                udp_dport: ep.udp_port,
+                ..AhAttr::default()
+            },
+        )
+        .map_err(err(&what("address handle")))?;
+    let dest = UdDest {
+        ah: ah.handle(),
+        remote_qpn: ep.qpn,
+        remote_qkey: UD_QKEY,
+    };
+    Ok((remote, ah, dest))
 }
 
 /// A restarted node: device and MR are up; wait to be told to stop.
@@ -399,6 +488,8 @@ struct Link {
     rcq: UdpCq,
     /// The responder QP of a loopback link, and its CQ.
     resp: Option<(UdpQp, UdpCq)>,
+    /// On a UD link: the address handle of the peer's QP and the destination of every send.
+    ud: Option<(UdpAh, UdDest)>,
     remote: RemoteMr,
     last_wr: u64,
     outstanding: VecDeque<Op>,
@@ -445,6 +536,7 @@ impl Link {
             scq,
             rcq,
             resp,
+            ud: None,
             remote,
             last_wr: 0,
             outstanding: VecDeque::new(),
@@ -520,7 +612,10 @@ impl Node {
             .map(|ms| Instant::now() + Duration::from_millis(ms));
         let mut phase = Phase::Run;
         let mut last_progress = Instant::now();
-        if matches!(self.cfg.workload, Workload::Pingpong | Workload::Mixed) {
+        if matches!(
+            self.cfg.workload,
+            Workload::Pingpong | Workload::Mixed | Workload::UdSend
+        ) {
             for li in 0..self.links.len() {
                 self.top_up_recvs(li);
             }
@@ -599,7 +694,10 @@ impl Node {
                 }
             }
             if let Phase::Quiesce(since) = phase {
-                let idle = self.links.iter().all(|l| l.outstanding.is_empty());
+                // A datagram completes at its sender once sent, so the peers' last ones may
+                // still be on their way: UD links keep receiving for the slack.
+                let settled = !self.cfg.workload.is_ud() || now >= since + slack;
+                let idle = settled && self.links.iter().all(|l| l.outstanding.is_empty());
                 if idle || now >= since + budget + slack {
                     self.finish()?;
                     phase = Phase::Done;
@@ -715,7 +813,7 @@ impl Node {
     /// operation has room left.
     fn post_one(&mut self, li: usize) -> bool {
         let kinds: Vec<OpKind> = match self.cfg.workload {
-            Workload::Pingpong => vec![OpKind::Send],
+            Workload::Pingpong | Workload::UdSend => vec![OpKind::Send],
             Workload::StreamWrite => vec![OpKind::Write],
             Workload::ReadVerify => vec![OpKind::Read],
             Workload::AtomicCounter => vec![OpKind::Faa],
@@ -742,6 +840,9 @@ impl Node {
                 OpKind::Send => {
                     if self.cfg.workload == Workload::Pingpong {
                         self.post_ping(li)
+                    } else if self.cfg.workload.is_ud() {
+                        let imm = self.rng.next_u64() as u32;
+                        self.post_send(li, RecordKind::Datagram, imm, true)
                     } else {
                         let imm = self.rng.next_u64() as u32 & !PONG;
                         self.post_send(li, RecordKind::Send, imm, true)
@@ -784,7 +885,10 @@ impl Node {
                 return false;
             }
         };
-        let wr = SendWr::new(op.wr, send_op, &sge);
+        let mut wr = SendWr::new(op.wr, send_op, &sge);
+        if let Some((_, dest)) = &link.ud {
+            wr = wr.with_ud(*dest);
+        }
         match link.qp.post_send(&[wr]) {
             Ok(()) => {
                 link.last_wr = op.wr;
@@ -879,12 +983,15 @@ impl Node {
     /// Posts a SEND with immediate of a `kind` record; `None` if the peer's slots are used up.
     fn post_send(&mut self, li: usize, kind: RecordKind, imm: u32, counts: bool) -> Option<bool> {
         let link = &self.links[li];
-        if link.send_seq >= layout::RECV_SLOTS {
+        let (limit, largest) = if link.ud.is_some() {
+            (layout::UD_SENDS, layout::RECV_SLOT - layout::UD_GRH)
+        } else {
+            (layout::RECV_SLOTS, layout::RECV_SLOT)
+        };
+        if link.send_seq >= limit {
             return None;
         }
-        let len = self
-            .rng
-            .range(layout::RECORD_HEADER as u64, layout::RECV_SLOT);
+        let len = self.rng.range(layout::RECORD_HEADER as u64, largest);
         let link = &self.links[li];
         let wr = link.last_wr + 1;
         let (seq, peer) = (link.send_seq, link.peer);
@@ -996,7 +1103,12 @@ impl Node {
 
     fn post_fin(&mut self, li: usize) {
         let link = &self.links[li];
-        if link.failed.is_some() || link.fin != Fin::NotSent || link.outstanding.len() >= SQ_LIMIT {
+        // UD has no WRITE: a UD link has no fin word.
+        if link.ud.is_some()
+            || link.failed.is_some()
+            || link.fin != Fin::NotSent
+            || link.outstanding.len() >= SQ_LIMIT
+        {
             return;
         }
         let wr = link.last_wr + 1;
@@ -1056,8 +1168,12 @@ impl Node {
         if link.is_loopback() || link.failed.is_some() {
             return;
         }
-        while link.recv_posted - link.recv_done < RQ_DEPTH && link.recv_posted < layout::RECV_SLOTS
-        {
+        let depth = if link.ud.is_some() {
+            layout::UD_RQ_DEPTH
+        } else {
+            RQ_DEPTH
+        };
+        while link.recv_posted - link.recv_done < depth && link.recv_posted < layout::RECV_SLOTS {
             let slot = link.recv_posted;
             let off = layout::link_base(link.pos) + layout::RECV_OFF + slot * layout::RECV_SLOT;
             let Ok(sge) = self.mr.sge(off as usize, layout::RECV_SLOT as usize) else {
@@ -1254,8 +1370,20 @@ impl Node {
             return;
         }
         let slot = wc.wr_id.saturating_sub(1);
-        let off = layout::link_base(link.pos) + layout::RECV_OFF + slot * layout::RECV_SLOT;
-        let mut got = vec![0u8; (wc.byte_len as usize).min(layout::RECV_SLOT as usize)];
+        let mut off = layout::link_base(link.pos) + layout::RECV_OFF + slot * layout::RECV_SLOT;
+        let mut len = (wc.byte_len as usize).min(layout::RECV_SLOT as usize);
+        if let Some((_, dest)) = &link.ud {
+            // The datagram follows its 40-byte GRH; it must come from the peer's QP.
+            off += layout::UD_GRH;
+            len = len.saturating_sub(layout::UD_GRH as usize);
+            if wc.src_qp != dest.remote_qpn || !wc.wc_flags.contains(WcFlags::GRH) {
+                self.summary.problems.push(format!(
+                    "node {}: datagram from QP {:#x} (flags {:?}) on the link to QP {:#x}",
+                    link.peer, wc.src_qp, wc.wc_flags, dest.remote_qpn
+                ));
+            }
+        }
+        let mut got = vec![0u8; len];
         let record = self
             .mr
             .read(off as usize, &mut got)

@@ -1075,6 +1075,7 @@ impl Orchestrator {
                     problems: n.problems(),
                     error: n.error.clone(),
                     timed_out: n.timed_out,
+                    injected: n.summary.as_ref().map(|s| s.injected),
                 }
             })
             .collect()
@@ -1132,6 +1133,7 @@ impl Orchestrator {
             slack: c.slack,
             run_dir: c.run_dir.clone(),
             expect_errors: expect_reason.is_some(),
+            max_copies: plan::max_copies(&c.plan.network),
             facts: self.facts(),
         };
         let result = check::check(&evidence);
@@ -1336,9 +1338,13 @@ fn corrupt_evidence(cfg: &Config) -> Result<String, String> {
                     let Some(pos) = layout::position(n, w, *peer, i) else {
                         continue;
                     };
+                    // A UD slot starts with the GRH (and a clean run fills slot k with
+                    // datagram k).
+                    let grh = if w.is_ud() { layout::UD_GRH } else { 0 };
                     let off = layout::link_base(pos)
                         + layout::RECV_OFF
                         + seq * layout::RECV_SLOT
+                        + grh
                         + layout::RECORD_HEADER as u64 / 2;
                     (*peer, off)
                 }

@@ -647,6 +647,18 @@ pub fn retry_exhaustion_reason(plan: &FaultPlan, qp: &QpParams) -> Option<String
     })
 }
 
+/// The most extra copies `plan` can give one datagram: the sum of the `copies` of its
+/// `duplicate` rules (each may fire on the same datagram), 0 without any.
+pub fn max_copies(plan: &FaultPlan) -> u64 {
+    plan.rules
+        .iter()
+        .map(|r| match r.action {
+            Action::Duplicate { copies } => u64::from(copies),
+            _ => 0,
+        })
+        .sum()
+}
+
 /// The network plan with every time (windows, hold release) moved later by `offset`, so that
 /// times written relative to the run's start apply to a device created `offset` earlier.
 pub fn shift_plan(plan: &FaultPlan, offset: Duration) -> FaultPlan {

@@ -129,6 +129,7 @@ impl Fixture {
                 slack: Duration::from_millis(500),
                 run_dir: std::env::temp_dir(),
                 expect_errors: false,
+                max_copies: 1,
                 facts: vec![healthy; nodes as usize],
             },
             data,

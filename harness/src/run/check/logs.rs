@@ -39,7 +39,9 @@ fn completion(workload: Workload, e: &Entry) -> Option<(u32, bool)> {
         } => {
             let is_op = match op {
                 OpKind::Fin => false,
-                OpKind::Send => kind.is_some_and(|k| k == RecordKind::Send),
+                OpKind::Send => {
+                    kind.is_some_and(|k| matches!(k, RecordKind::Send | RecordKind::Datagram))
+                }
                 _ => true,
             };
             Some((*status, is_op))

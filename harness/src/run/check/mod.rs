@@ -11,6 +11,8 @@
 //! | `write-data` | every successful WRITE record and fin word is at the target, byte for byte |
 //! | `send-data` | every successful SEND is in the target's receive slot, byte for byte; every received slot holds a well-formed record with the completion's immediate data |
 //! | `send-delivery` | every successful SEND has exactly one receive completion at the receiver with its bytes and immediate (unless the receiver was killed before it could log it); every receive completion has a SEND its (drained) sender logged; in `pingpong`, every delivered ping got its pong unless a fault explains it |
+//! | `datagram-data` | (`ud-send`, in place of `send-data`) every received datagram's slot holds the GRH from the peer's address to this node's and a record the peer sends to this node, byte for byte, with the completion's immediate data |
+//! | `datagram-delivery` | (`ud-send`, in place of `send-delivery`) every received datagram was sent; per sender, datagrams lost and extra copies received stay within what its fault injector dropped/corrupted/truncated/partitioned and duplicated |
 //! | `read-data` | every successful READ landed the peer's pattern; every pattern is intact |
 //! | `atomic-exactly-once` | successful FETCH_ADDs fetched distinct values, each below the final counter; the counter equals their number when no FETCH_ADD failed, and lies between the two bounds otherwise |
 //! | `untouched-memory` | in every MR file, every byte outside the ranges a logged operation addresses (and the counter, fin words, pattern and staging) is still zero |
@@ -18,7 +20,7 @@
 //! | `liveness` | no error completion that no process fault (or `expect_errors`) explains; every node not killed finished its workload, drained, and exited 0 |
 //! | `node-self-checks` | nothing the nodes noticed on their own (bad records on receipt, wrong READ data, pongs out of turn) |
 //!
-//! Each invariant is one function (in the submodules `logs`, `memory`, `delivery`, `untouched` and `process`) that
+//! Each invariant is one function (in the submodules `logs`, `memory`, `delivery`, `ud`, `untouched` and `process`) that
 //! takes the evidence with the files already read (`Input`) and returns its [`Invariant`];
 //! [`check`] reads the files and calls them in the order above. The checker does not gather
 //! evidence (the orchestrator does, and passes it in as [`Evidence`]) and never trusts what a
@@ -28,6 +30,7 @@ mod delivery;
 mod logs;
 mod memory;
 mod process;
+mod ud;
 mod untouched;
 
 #[cfg(test)]
@@ -42,7 +45,7 @@ use verbs_api::WcStatus;
 
 use crate::run::layout::{self, RecordKind, Workload};
 use crate::run::log::{Entry, LogRead, OpKind, read_log};
-use crate::run::proto::QpParams;
+use crate::run::proto::{InjectedFaults, QpParams};
 
 /// At most this many violation messages are kept per invariant (all are counted).
 pub const MAX_MESSAGES: usize = 25;
@@ -110,6 +113,9 @@ pub struct NodeFacts {
     pub error: Option<String>,
     /// The harness killed it at the hard timeout (so its log may end in a cut line).
     pub timed_out: bool,
+    /// What its device's fault injector did to the datagrams it sent, from its final report
+    /// (`None` if it did not drain).
+    pub injected: Option<InjectedFaults>,
 }
 
 /// The facts of a node the orchestrator said nothing about.
@@ -123,6 +129,7 @@ static NO_FACTS: NodeFacts = NodeFacts {
     problems: Vec::new(),
     error: None,
     timed_out: false,
+    injected: None,
 };
 
 /// Everything the checker needs.
@@ -142,6 +149,10 @@ pub struct Evidence {
     pub run_dir: PathBuf,
     /// Errors caused by network faults are expected.
     pub expect_errors: bool,
+    /// The most extra copies the plan's rules can give one datagram (the sum of its
+    /// `duplicate` rules' `copies`): `datagram-delivery` bounds a sender's duplicates by this
+    /// times its injector's count of duplicated datagrams.
+    pub max_copies: u64,
     /// Per node index.
     pub facts: Vec<NodeFacts>,
 }
@@ -200,8 +211,16 @@ fn check_read(input: &Input<'_>) -> CheckResult {
         logs::completion_order(input),
         logs::flush_after_error(input),
         memory::write_data(input),
-        memory::send_data(input),
-        delivery::send_delivery(input),
+        if input.ev.workload.is_ud() {
+            ud::datagram_data(input)
+        } else {
+            memory::send_data(input)
+        },
+        if input.ev.workload.is_ud() {
+            ud::datagram_delivery(input)
+        } else {
+            delivery::send_delivery(input)
+        },
         memory::read_data(input),
         memory::atomic_exactly_once(input, &mut result.counters),
         untouched::untouched_memory(input),

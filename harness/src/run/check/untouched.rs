@@ -109,8 +109,13 @@ fn allowed(input: &Input<'_>, i: u32) -> Ranges {
     for (pos, &j) in peers.iter().enumerate() {
         let base = layout::link_base(pos);
         ranges.push((base + layout::STAGE_OFF, base + layout::LINK_LEN));
-        // What peer j put here (WRITE, SEND), and what node i fetched here (READ, FETCH_ADD).
-        link_ranges(&mut ranges, input.log(j), i, base, Inbound);
+        // What peer j put here (WRITE, SEND; datagrams), and what node i fetched here (READ,
+        // FETCH_ADD).
+        if input.ev.workload.is_ud() {
+            datagram_ranges(&mut ranges, input.log(i), j, base);
+        } else {
+            link_ranges(&mut ranges, input.log(j), i, base, Inbound);
+        }
         link_ranges(&mut ranges, input.log(i), j, base, Outbound);
     }
     ranges
@@ -164,6 +169,35 @@ fn link_ranges(ranges: &mut Ranges, log: Option<&LogRead>, peer: u32, base: u64,
             ranges.push((base + last, base + end));
         }
     }
+}
+
+/// Adds the receive slots of a UD link to `peer` in the link block at `base`, from the
+/// receiver's own log (datagrams land in arrival order, not in their sender's numbering): each
+/// logged receive's bytes (GRH included), and every whole slot after the last logged one that
+/// had a receive posted (a late datagram may have filled it after the last poll) — up to the
+/// end of the area for a receiver without an end line.
+fn datagram_ranges(ranges: &mut Ranges, log: Option<&LogRead>, peer: u32, base: u64) {
+    let slot_at = |slot: u64| base + layout::RECV_OFF + slot * layout::RECV_SLOT;
+    let mut next = 0u64;
+    let mut posted = None;
+    for e in log.into_iter().flat_map(|l| &l.entries) {
+        match e {
+            Entry::Recv {
+                peer: p, wr, len, ..
+            } if *p == peer => {
+                let slot = wr.saturating_sub(1);
+                let len = u64::from(*len).min(layout::RECV_SLOT);
+                ranges.push((slot_at(slot), slot_at(slot) + len));
+                next = next.max(slot + 1);
+            }
+            Entry::End { posted: list, .. } => {
+                posted = list.iter().find(|p| p.peer == peer).map(|p| p.recv);
+            }
+            _ => {}
+        }
+    }
+    let end = posted.map_or(base + layout::READ_OFF, |n| slot_at(n.max(next)));
+    ranges.push((slot_at(next), end.max(slot_at(next))));
 }
 
 #[cfg(test)]

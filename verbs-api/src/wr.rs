@@ -91,8 +91,8 @@ pub enum SendOp {
         rkey: u32,
         /// The lkey of the MR the window is bound to.
         mr: u32,
-        /// Start of the window: a virtual address inside the MR, or an offset into it with
-        /// [`AccessFlags::ZERO_BASED`].
+        /// Start of the window: a virtual address inside the MR. With
+        /// [`AccessFlags::ZERO_BASED`] in `access`, peers address the window from 0.
         addr: u64,
         /// Length in bytes.
         length: u64,

@@ -164,11 +164,10 @@ fn check_binding(
     if zero_based && qpn.is_none() {
         return Err(err);
     }
-    let (base, mr_offset) = if zero_based {
-        (0, args.addr)
-    } else {
-        (args.addr, args.addr.checked_sub(mr.iova).ok_or(err)?)
-    };
+    // The window starts at `addr` inside the MR either way; a zero-based window is addressed
+    // by peers from 0 (IBTA §10.6.7.2.2, rxe's `mw->addr` offset).
+    let mr_offset = args.addr.checked_sub(mr.iova).ok_or(err)?;
+    let base = if zero_based { 0 } else { args.addr };
     let end = mr_offset.checked_add(args.length).ok_or(err)?;
     if end > mr.length {
         return Err(err);

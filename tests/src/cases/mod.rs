@@ -15,6 +15,7 @@ pub mod atomic;
 pub mod cq;
 pub mod device;
 pub mod errors;
+pub mod mw;
 pub mod pd_mr;
 pub mod posting;
 pub mod qp_state;

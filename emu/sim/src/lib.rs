@@ -148,7 +148,7 @@ pub use emu_proto::wire::Opcode;
 pub use fabric::TraceRecord;
 pub use pair::{PairOptions, SimPair, connect_pair};
 pub use provider::{
-    SEED_ENV, SimBuilder, SimChannel, SimContext, SimCq, SimDevice, SimMr, SimPd, SimProvider,
-    SimQp, SimSrq,
+    SEED_ENV, SimBuilder, SimChannel, SimContext, SimCq, SimDevice, SimMr, SimMw, SimPd,
+    SimProvider, SimQp, SimSrq,
 };
 pub use seed::seed_from_env;

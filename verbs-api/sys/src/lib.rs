@@ -727,8 +727,9 @@ pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// The `ibv_qp_create_send_ops_flags` an RC QP of softverbs offers: RDMA_WRITE(_WITH_IMM),
-/// SEND(_WITH_IMM), RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD.
-pub const IBV_QP_EX_RC_OPS: u64 = 0x7f;
+/// SEND(_WITH_IMM), RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD, LOCAL_INV, BIND_MW,
+/// SEND_WITH_INV.
+pub const IBV_QP_EX_RC_OPS: u64 = 0x3ff;
 
 /// `struct ibv_cq_init_attr_ex` (56 bytes).
 #[repr(C)]

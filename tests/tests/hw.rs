@@ -110,6 +110,14 @@ const KNOWN: &[KnownFailure] = &[
                  rc-transport.md §4.3 say",
     },
     KnownFailure {
+        case: "mw::write_past_window_refused",
+        reason: RXE_MW_RANGE,
+    },
+    KnownFailure {
+        case: "mw::write_before_window_refused",
+        reason: RXE_MW_RANGE,
+    },
+    KnownFailure {
         case: "ud::ud_too_long_loc_len_err",
         reason: RXE_UD_LEN_ERR,
     },
@@ -124,6 +132,9 @@ const KNOWN: &[KnownFailure] = &[
                  datagram (DIVERGENCES.md #24)",
     },
 ];
+
+/// rxe checks a window access against the window's MR, not the window's own range.
+const RXE_MW_RANGE: &str = "rxe accepts an access through a memory window outside the window                             but inside its MR (check_rkey checks the MR's range only); the                             window's range bounds it (DIVERGENCES.md #30)";
 
 /// rxe's UD responder completes a receive WR too small for the datagram (or for its GRH) with
 /// LOC_QP_OP_ERR; `ibv_poll_cq(3)` and ConnectX say LOC_LEN_ERR.

@@ -82,8 +82,9 @@ pub enum SendOp {
     },
     /// `IBV_WR_BIND_MW`: binds type 2 window `mw` to `length` bytes at `addr` of the MR whose
     /// lkey is `mr`, with R_Key `rkey` (same key index as the window's, any key byte) and
-    /// rights `access`, for use through this QP only (IBTA §10.6.7.2.2). A `length` of 0 binds
-    /// nothing. A bind that breaks a rule completes with `MW_BIND_ERR` and the QP enters ERR.
+    /// rights `access`, for use through this QP only (IBTA §10.6.7.2.2). The window must be
+    /// unbound (never bound, or invalidated) and `length` non-zero. A bind that breaks a rule
+    /// completes with `MW_BIND_ERR` and the QP enters ERR.
     BindMw {
         /// The window's [`handle`](crate::MemoryWindow::handle).
         mw: u32,
@@ -102,7 +103,9 @@ pub enum SendOp {
     },
     /// `IBV_WR_SEND_WITH_INV`: as Send; the responder invalidates the type 2 window (or
     /// MR) whose R_Key is `invalidate_rkey` before completing the receive, and reports it in the
-    /// completion (`IBV_WC_WITH_INV`, `invalidated_rkey`).
+    /// completion (`IBV_WC_WITH_INV`, `invalidated_rkey`). A key it cannot invalidate fails the
+    /// receive (`REM_INV_REQ_ERR`, the responder's QP enters ERR) while the sender's WR
+    /// succeeds, as rxe does.
     SendWithInv {
         /// The R_Key the responder invalidates.
         invalidate_rkey: u32,

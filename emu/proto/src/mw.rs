@@ -109,10 +109,11 @@ pub(crate) fn still_bound(mws: &Table<MwEntry>, key: u32, mr_key: u32) -> bool {
 /// Carries out a bind of window `args.mw` for QP `qpn` of `pd` (IBTA §10.6.7.2, rxe's
 /// `rxe_check_bind_mw`): `Err(MW_BIND_ERR)` if a rule is broken, the window unchanged.
 ///
-/// Rules: the window exists in the QP's PD; a type 2 window is not bound already and keeps its
-/// key index (only the key byte is the consumer's); with a length, the MR exists in the QP's
-/// PD and allows MW_BIND, remote write or atomic rights need the MR's LOCAL_WRITE, a type 1
-/// window is not zero based, and the range lies inside the MR. A length of 0 unbinds.
+/// Rules: the window exists in the QP's PD and the key keeps its index (only the key byte is
+/// the consumer's); a type 2 window is not bound already and gets a length; with a length, the
+/// MR exists in the QP's PD and allows MW_BIND, remote write or atomic rights need the MR's
+/// LOCAL_WRITE, a type 1 window is not zero based, and the range lies inside the MR. A type 1
+/// bind of length 0 unbinds.
 pub(crate) fn bind(
     mws: &mut Table<MwEntry>,
     mrs: &Table<MrInfo>,
@@ -126,7 +127,8 @@ pub(crate) fn bind(
         return Err(err);
     }
     let type2 = mw.mw_type == MwType::Type2;
-    if type2 && mw.binding.is_some() {
+    // o10-37.2.30: a type 2 window binds only while free; o10-37.2.40: never to nothing.
+    if type2 && (mw.binding.is_some() || args.length == 0) {
         return Err(err);
     }
     let binding = if args.length == 0 {

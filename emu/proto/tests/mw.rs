@@ -145,7 +145,7 @@ fn send_with_invalidate_carries_an_ieth_and_unbinds_at_the_responder() {
 }
 
 #[test]
-fn send_with_invalidate_of_an_unknown_key_fails_the_message() {
+fn send_with_invalidate_of_an_unknown_key_fails_the_receive() {
     let mut p = Pair::new();
     let r = p.b.at(0, 64);
     p.b.post_recv(7, &[r]);
@@ -156,7 +156,9 @@ fn send_with_invalidate_of_an_unknown_key_fails_the_message() {
     p.post_a(&[SendWr::new(1, op, &[s])]);
     assert!(p.run_until_idle());
     assert_eq!(p.b.recv_wcs()[0].status, WcStatus::RemInvReqErr);
-    assert_eq!(p.a.send_wcs()[0].status, WcStatus::RemInvReqErr);
+    // The message itself was acknowledged (rxe's class J): the sender's WR succeeds.
+    assert_eq!(p.a.send_wcs()[0].status, WcStatus::Success);
+    assert!(p.seen(Dir::BtoA).iter().all(|s| !s.is_nak()));
     assert_eq!(p.b.state(), QpState::Err);
 }
 
@@ -280,7 +282,25 @@ fn bound_mr_cannot_be_deregistered_and_dealloc_revokes() {
 }
 
 #[test]
-fn type2_bind_of_a_bound_window_or_foreign_key_index_fails() {
+fn type2_bind_of_length_zero_is_a_bind_error() {
+    let mut p = Pair::new();
+    let mr = bindable(&mut p);
+    let (mw, key) = p.b.hca.alloc_mw(p.b.pd, MwType::Type2).unwrap();
+    let op = SendOp::BindMw {
+        mw,
+        rkey: inc_rkey(key),
+        mr: mr.lkey,
+        addr: mr.iova,
+        length: 0,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    p.post_b(&[SendWr::new(5, op, &[])]);
+    assert!(p.run_until_idle());
+    assert_eq!(p.b.send_wcs()[0].status, WcStatus::MwBindErr);
+}
+
+#[test]
+fn type2_bind_of_a_bound_window_fails() {
     let mut p = Pair::new();
     let mr = bindable(&mut p);
     let (mw, rkey) = bind_type2(&mut p, &mr, AccessFlags::REMOTE_WRITE);

@@ -587,10 +587,11 @@ impl Context for HwContext {
         let raw_mw = mw.live()?;
         // The read lock keeps the MR registered across the bind.
         let mrs = read(&self.0.mrs);
-        let mr = if bind.length == 0 {
-            std::ptr::null_mut()
-        } else {
-            mr_ptr(&mrs, bind.mr).ok_or_else(|| Error::invalid("no such MR (bind.mr)"))?
+        // An unbind (length 0) may name no MR; rdma-core then wants NULL.
+        let mr = match mr_ptr(&mrs, bind.mr) {
+            Some(p) => p,
+            None if bind.length == 0 => std::ptr::null_mut(),
+            None => return Err(Error::invalid("no such MR (bind.mr)")),
         };
         let raw_bind = ibv_mw_bind {
             wr_id: bind.wr_id,
@@ -891,6 +892,18 @@ impl MemoryWindow for HwMw {
 fn mr_ptr(mrs: &HashMap<u32, usize>, lkey: u32) -> Option<*mut ibv_mr> {
     mrs.get(&lkey)
         .map(|p| std::ptr::with_exposed_provenance_mut(*p))
+}
+
+/// After BIND_MW requests were posted: each window's `ibv_mw.rkey` takes the key its bind named
+/// (the contract of [`MemoryWindow::rkey`]; rxe names a window by it in the next bind).
+fn record_bound_keys(mws: &HashMap<u32, Arc<RawMw>>, posted: &[SendWr<'_>]) {
+    for w in posted {
+        if let verbs_api::SendOp::BindMw { mw, rkey, .. } = w.op {
+            if let Some(m) = mws.get(&mw) {
+                m.set_rkey(rkey);
+            }
+        }
+    }
 }
 
 /// The `ibv_mw` of live window `handle` in `mws`, if any.
@@ -1354,8 +1367,10 @@ impl QueuePair for HwQp {
             mw: &|h| mw_ptr(&mws, h),
             mr: &|k| mr_ptr(&mrs, k),
         };
-        qp.post_send(wrs, &objs)
-            .map_err(|e| post_error("ibv_post_send", e))
+        let posted = qp.post_send(wrs, &objs);
+        let n = posted.map_or_else(|(i, _)| i, |()| wrs.len());
+        record_bound_keys(&mws, &wrs[..n]);
+        posted.map_err(|e| post_error("ibv_post_send", e))
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {

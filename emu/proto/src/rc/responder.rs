@@ -334,7 +334,9 @@ fn send(
     *placed += n;
     qp.rc.stats.rcvd_bytes += n;
     if matches!(pos, Position::Last | Position::Only) {
-        let invalidated = remote_invalidate(qp, ctx, pkt)?;
+        let Ok(invalidated) = remote_invalidate(qp, ctx, pkt) else {
+            return Ok(invalidate_failed(qp, ctx, pkt));
+        };
         let InMsg::Send { wqe, placed, .. } = std::mem::take(&mut qp.rc.msg) else {
             return Err(reject(NakCode::InvalidRequest));
         };
@@ -366,24 +368,25 @@ fn send(
 
 /// The invalidation a SEND_*_WITH_INVALIDATE asks for at its last packet (IBTA §9.4.1.5,
 /// o10-37.2.x): the type 2 window of the QP's PD whose R_Key the IETH names is unbound, and its
-/// key is reported. A key that names no such window fails the message: the receive WQE completes
-/// with `REM_INV_REQ_ERR` (rxe's status) and the requester gets an invalid-request NAK.
-fn remote_invalidate(
-    qp: &Qp,
-    ctx: &mut Ctx<'_>,
-    pkt: &PacketRepr<'_>,
-) -> Result<Option<u32>, Reject> {
-    let Some(ieth) = pkt.ieth else {
-        return Ok(None);
-    };
-    if crate::mw::invalidate(ctx.mws, ieth.rkey, qp.pd) {
-        Ok(Some(ieth.rkey))
-    } else {
-        Err(Reject {
-            nak: NakCode::InvalidRequest,
-            recv_status: Some(WcStatus::RemInvReqErr),
-        })
+/// key is reported. `Err` if the key names no such window (see [`invalidate_failed`]).
+fn remote_invalidate(qp: &Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Result<Option<u32>, ()> {
+    match pkt.ieth {
+        None => Ok(None),
+        Some(ieth) if crate::mw::invalidate(ctx.mws, ieth.rkey, qp.pd) => Ok(Some(ieth.rkey)),
+        Some(_) => Err(()),
     }
+}
+
+/// A SEND_WITH_INV whose R_Key could not be invalidated (rxe's class J,
+/// `RESPST_ERR_INVALIDATE_RKEY`): the message is acknowledged — the requester's WR succeeds —
+/// but its receive WQE completes with `REM_INV_REQ_ERR` and the QP enters ERR.
+fn invalidate_failed(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
+    if let InMsg::Send { wqe, .. } = std::mem::take(&mut qp.rc.msg) {
+        let wc = recv_error(qp, &wqe, WcStatus::RemInvReqErr);
+        ctx.wcs.push((qp.recv_cq, wc, false));
+    }
+    accept(qp, pkt.bth.ack_req, pkt.bth.psn);
+    Disposition::Fatal
 }
 
 fn write(

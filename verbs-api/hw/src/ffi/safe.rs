@@ -927,10 +927,11 @@ fn send_wr_raw(w: &SendWr<'_>, objs: &WrObjects<'_>) -> Result<ibv_send_wr, i32>
                 mw: (objs.mw)(mw).ok_or(EINVAL)?,
                 rkey,
                 bind_info: ibv_mw_bind_info {
-                    mr: if length == 0 {
-                        ptr::null_mut()
-                    } else {
-                        (objs.mr)(mr).ok_or(EINVAL)?
+                    // An unbind may name no MR (rdma-core allows NULL with length 0).
+                    mr: match (objs.mr)(mr) {
+                        Some(p) => p,
+                        None if length == 0 => ptr::null_mut(),
+                        None => return Err(EINVAL),
                     },
                     addr,
                     length,
@@ -1073,6 +1074,15 @@ impl RawMw {
     /// The `ibv_mw` pointer a BIND_MW work request carries.
     pub(crate) fn as_ptr(&self) -> *mut ibv_mw {
         self.ptr.as_ptr()
+    }
+
+    /// Records `rkey` in `ibv_mw.rkey` after a type 2 bind was posted, as an application
+    /// does: the rxe provider names the window to the kernel by this field, which must hold the
+    /// window's current key for the next bind, and does not update it itself.
+    pub(crate) fn set_rkey(&self, rkey: u32) {
+        // SAFETY: live MW; `rkey` is a public field of `ibv_mw` the application owns; the
+        // provider reads it only while posting, which the caller's table lock excludes.
+        unsafe { (*self.ptr.as_ptr()).rkey = rkey };
     }
 
     /// `ibv_mw.rkey`: the key from the allocation or the latest `ibv_bind_mw`.

@@ -218,3 +218,180 @@ pub(crate) fn unbind_qp(mws: &mut Table<MwEntry>, qpn: u32) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const PD: PdId = PdId(1);
+    const QPN: u32 = 0x11;
+
+    /// An MR table with one MR (index 1, key 0x1AB) of 4096 bytes at 0x1000 allowing MW_BIND.
+    fn mrs() -> Table<MrInfo> {
+        let mut t = Table::default();
+        t.insert(MrInfo {
+            pd: PdId(u32::MAX),
+            lkey: 0,
+            rkey: 0,
+            iova: 0,
+            length: 0,
+            access: AccessFlags::empty(),
+        });
+        t.insert(MrInfo {
+            pd: PD,
+            lkey: 0x1AB,
+            rkey: 0x1AB,
+            iova: 0x1000,
+            length: 4096,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        });
+        t
+    }
+
+    /// A window of `mw_type` at table index 0 with its first key.
+    fn window(mw_type: MwType) -> (Table<MwEntry>, u32) {
+        let mut t = Table::default();
+        let key = (MW_INDEX_BASE << 8) | 0x42;
+        t.insert(MwEntry {
+            pd: PD,
+            mw_type,
+            rkey: key,
+            binding: None,
+        });
+        (t, key)
+    }
+
+    fn args(rkey: u32, addr: u64, length: u64, access: AccessFlags) -> BindArgs {
+        BindArgs {
+            mw: 0,
+            rkey,
+            mr: 0x1AB,
+            addr,
+            length,
+            access,
+        }
+    }
+
+    #[test]
+    fn type2_window_resolves_for_its_qp_pd_range_and_rights_only() {
+        let (mut mws, key) = window(MwType::Type2);
+        let rkey = key + 1;
+        let a = args(rkey, 0x1100, 0x100, AccessFlags::REMOTE_WRITE);
+        bind(&mut mws, &mrs(), QPN, PD, &a).unwrap();
+        let w = AccessFlags::REMOTE_WRITE;
+        assert_eq!(
+            resolve(&mws, rkey, PD, QPN, 0x1180, 0x80, w),
+            Some((0x1AB, 0x180))
+        );
+        assert_eq!(
+            resolve(&mws, rkey, PD, QPN + 1, 0x1180, 8, w),
+            None,
+            "other QP"
+        );
+        assert_eq!(
+            resolve(&mws, rkey, PdId(2), QPN, 0x1180, 8, w),
+            None,
+            "other PD"
+        );
+        assert_eq!(resolve(&mws, key, PD, QPN, 0x1180, 8, w), None, "stale key");
+        assert_eq!(
+            resolve(&mws, rkey, PD, QPN, 0x11F8, 16, w),
+            None,
+            "past the end"
+        );
+        assert_eq!(
+            resolve(&mws, rkey, PD, QPN, 0x10F8, 8, w),
+            None,
+            "before the start"
+        );
+        let r = AccessFlags::REMOTE_READ;
+        assert_eq!(
+            resolve(&mws, rkey, PD, QPN, 0x1180, 8, r),
+            None,
+            "no read right"
+        );
+        assert!(still_bound(&mws, rkey, 0x1AB));
+        assert!(mr_has_windows(&mws, 0x1AB));
+        unbind_qp(&mut mws, QPN);
+        assert!(!still_bound(&mws, rkey, 0x1AB));
+        assert!(!mr_has_windows(&mws, 0x1AB));
+    }
+
+    #[test]
+    fn zero_based_window_is_addressed_from_zero() {
+        let (mut mws, key) = window(MwType::Type2);
+        let access = AccessFlags::REMOTE_READ | AccessFlags::ZERO_BASED;
+        bind(
+            &mut mws,
+            &mrs(),
+            QPN,
+            PD,
+            &args(key + 1, 0x1200, 0x100, access),
+        )
+        .unwrap();
+        let r = AccessFlags::REMOTE_READ;
+        assert_eq!(
+            resolve(&mws, key + 1, PD, QPN, 0x10, 8, r),
+            Some((0x1AB, 0x210))
+        );
+        assert_eq!(resolve(&mws, key + 1, PD, QPN, 0x1210, 8, r), None);
+    }
+
+    #[test]
+    fn bind_rules() {
+        let m = mrs();
+        let w = AccessFlags::REMOTE_WRITE;
+        let bind_err = Err(WcStatus::MwBindErr);
+        // Type 1: zero based refused; rebinding allowed; length 0 unbinds.
+        let (mut mws, key) = window(MwType::Type1);
+        let zb = w | AccessFlags::ZERO_BASED;
+        assert_eq!(
+            bind(&mut mws, &m, QPN, PD, &args(key + 1, 0x1000, 8, zb)),
+            bind_err
+        );
+        bind(&mut mws, &m, QPN, PD, &args(key + 1, 0x1000, 8, w)).unwrap();
+        bind(&mut mws, &m, QPN, PD, &args(key + 2, 0x1000, 16, w)).unwrap();
+        bind(&mut mws, &m, QPN, PD, &args(key + 3, 0, 0, w)).unwrap();
+        assert!(!mr_has_windows(&mws, 0x1AB));
+        assert!(
+            !invalidate(&mut mws, key + 3, PD),
+            "type 1 is not invalidated"
+        );
+        // Type 2: another key index, a range outside the MR, another PD, length 0, and a
+        // second bind while bound are refused; LOCAL_INV frees it for a new bind.
+        let (mut mws, key) = window(MwType::Type2);
+        let other_index = key + 0x100;
+        assert_eq!(
+            bind(&mut mws, &m, QPN, PD, &args(other_index, 0x1000, 8, w)),
+            bind_err
+        );
+        assert_eq!(
+            bind(&mut mws, &m, QPN, PD, &args(key + 1, 0x1F00, 0x200, w)),
+            bind_err
+        );
+        assert_eq!(
+            bind(&mut mws, &m, QPN, PdId(2), &args(key + 1, 0x1000, 8, w)),
+            bind_err
+        );
+        assert_eq!(
+            bind(&mut mws, &m, QPN, PD, &args(key + 1, 0x1000, 0, w)),
+            bind_err
+        );
+        bind(&mut mws, &m, QPN, PD, &args(key + 1, 0x1000, 8, w)).unwrap();
+        assert_eq!(
+            bind(&mut mws, &m, QPN, PD, &args(key + 2, 0x1000, 8, w)),
+            bind_err
+        );
+        assert!(!invalidate(&mut mws, key, PD), "stale key");
+        assert!(invalidate(&mut mws, key + 1, PD));
+        bind(&mut mws, &m, QPN, PD, &args(key + 2, 0x1000, 8, w)).unwrap();
+    }
+
+    #[test]
+    fn mr_keys_are_not_window_keys() {
+        assert!(!is_window_key(0x1AB));
+        assert!(is_window_key(MW_INDEX_BASE << 8));
+        assert_eq!(index_of((MW_INDEX_BASE + 5) << 8 | 7), 5);
+    }
+}

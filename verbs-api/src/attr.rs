@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{AccessFlags, Gid, LinkLayer, Mtu, PortState, QpState, QpType};
+use crate::types::{AccessFlags, DeviceCapFlags, Gid, LinkLayer, Mtu, PortState, QpState, QpType};
 
 /// Device limits and identity (`ibv_query_device`).
 ///
@@ -57,6 +57,10 @@ pub struct DeviceAttr {
     pub phys_port_cnt: u8,
     /// Whether atomics are supported and how they are made atomic.
     pub atomic_cap: AtomicCap,
+    /// Maximum number of memory windows (0: none).
+    pub max_mw: u32,
+    /// Capability bits (`ibv_device_cap_flags`); only the memory-window bits are modelled.
+    pub device_cap_flags: DeviceCapFlags,
 }
 
 /// Atomic capability (`ibv_atomic_cap`).

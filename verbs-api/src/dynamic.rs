@@ -1,7 +1,7 @@
 //! Run-time backend selection: type-erased verbs handles and a registry of providers.
 //!
 //! [`AnyDevice`], [`AnyContext`] and the handles a context creates ([`AnyPd`], [`AnyMr`],
-//! [`AnyCq`], [`AnyChannel`], [`AnySrq`], [`AnyQp`], [`AnyAh`]) implement the traits of
+//! [`AnyCq`], [`AnyChannel`], [`AnySrq`], [`AnyQp`], [`AnyAh`], [`AnyMw`]) implement the traits of
 //! [`crate::traits`] by forwarding every call to the backend they wrap, so code written against
 //! `C: Context` runs unchanged on a backend chosen from configuration. The price is one
 //! virtual call per verbs call (data path included) and one `Arc` per handle; code that wants
@@ -64,12 +64,12 @@ use crate::attr::{AhAttr, DeviceAttr, PortAttr, QpAttr, QpInitAttr, SrqAttr};
 use crate::error::{Error, ErrorKind, PostError, Result};
 use crate::event::AsyncEvent;
 use crate::traits::{
-    AddressHandle, CompletionChannel, CompletionQueue, Context, Device, MemoryRegion,
+    AddressHandle, CompletionChannel, CompletionQueue, Context, Device, MemoryRegion, MemoryWindow,
     ProtectionDomain, Provider, QueuePair, SharedReceiveQueue,
 };
-use crate::types::{AccessFlags, Endpoint, Gid, QpAttrMask, QpState, QpType};
+use crate::types::{AccessFlags, Endpoint, Gid, MwType, QpAttrMask, QpState, QpType};
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendWr, Sge};
+use crate::wr::{MwBind, RecvWr, SendWr, Sge};
 
 /// The environment variable naming the provider [`Registry::open_from_env`] opens, e.g.
 /// `SOFTVERBS_PROVIDER=emu`. Unset or blank means the caller's default provider.
@@ -139,8 +139,8 @@ macro_rules! plain {
 }
 
 plain!(u8, u16, u32, u64, usize, String, *mut u8);
-plain!(AccessFlags, Gid, AsyncEvent, DeviceAttr, PortAttr);
-plain!(&Path, &SrqAttr, &QpInitAttr, &AhAttr);
+plain!(AccessFlags, Gid, AsyncEvent, DeviceAttr, PortAttr, MwType);
+plain!(&Path, &SrqAttr, &QpInitAttr, &AhAttr, &MwBind);
 
 /// The `$name` handle around `Arc<dyn $erased>`: its `Debug` naming the wrapped type, and
 /// `downcast_ref` back to that type beside the inherent `$item`s given (its constructor).
@@ -340,6 +340,18 @@ erased_handle! {
     }
 }
 
+erased_handle! {
+    /// A memory window of any backend, created by [`AnyContext::alloc_mw`].
+    AnyMw(ErasedMw: MemoryWindow, "memory window") {
+        impl MemoryWindow {
+            fn handle(&self) -> u32;
+            fn mw_type(&self) -> MwType;
+            fn rkey(&self) -> u32;
+            fn destroy(&self) -> Result<()>;
+        }
+    }
+}
+
 /// A factory of handles (`Context`, `Device`): as `erased_handle!`, but each call converts its
 /// arguments with [`ToBackend`] before reaching the backend (so a handle of another backend
 /// fails there, before the backend is called) and its result with [`FromBackend`]; the public
@@ -417,7 +429,7 @@ macro_rules! erased_factory {
 
 erased_factory! {
     /// An open device of any backend: a [`Context`] whose handles are [`AnyPd`], [`AnyMr`],
-    /// [`AnyCq`], [`AnyChannel`], [`AnySrq`], [`AnyQp`] and [`AnyAh`].
+    /// [`AnyCq`], [`AnyChannel`], [`AnySrq`], [`AnyQp`], [`AnyAh`] and [`AnyMw`].
     ///
     /// Every call forwards to the wrapped context with the same contract. A handle argument made
     /// by a different backend fails with `InvalidArgument` before the backend is called.
@@ -429,6 +441,7 @@ erased_factory! {
         type Srq = AnySrq;
         type Qp = AnyQp;
         type Ah = AnyAh;
+        type Mw = AnyMw;
         fn device_name(&self) -> String;
         fn query_device(&self) -> Result<DeviceAttr>;
         fn query_port(&self, port_num: u8) -> Result<PortAttr>;
@@ -451,6 +464,8 @@ erased_factory! {
         ) -> Result<AnyQp>;
         fn create_ah(&self, pd: &AnyPd, attr: &AhAttr) -> Result<AnyAh>;
         fn poll_async_event(&self) -> Option<AsyncEvent>;
+        fn alloc_mw(&self, pd: &AnyPd, mw_type: MwType) -> Result<AnyMw>;
+        fn bind_mw(&self, qp: &AnyQp, mw: &AnyMw, bind: &MwBind) -> Result<u32>;
         unsafe fn reg_mr_raw(&self, pd: &AnyPd, addr: *mut u8, len: usize, access: AccessFlags)
             -> Result<AnyMr>;
     }
@@ -634,11 +649,13 @@ mod tests {
     use crate::event::AsyncEvent;
     use crate::traits::{
         AddressHandle, CompletionChannel, CompletionQueue, Context, Device, MemoryRegion,
-        ProtectionDomain, Provider, QueuePair, SharedReceiveQueue,
+        MemoryWindow, ProtectionDomain, Provider, QueuePair, SharedReceiveQueue,
     };
-    use crate::types::{AccessFlags, Endpoint, Gid, QpAttrMask, QpState, QpType, ROCE_V2_UDP_PORT};
+    use crate::types::{
+        AccessFlags, Endpoint, Gid, MwType, QpAttrMask, QpState, QpType, ROCE_V2_UDP_PORT,
+    };
     use crate::wc::WorkCompletion;
-    use crate::wr::{RecvWr, SendOp, SendWr};
+    use crate::wr::{MwBind, RecvWr, SendOp, SendWr};
 
     type Log = Arc<Mutex<Vec<String>>>;
 
@@ -716,6 +733,7 @@ mod tests {
         type Srq = Obj<B>;
         type Qp = Obj<B>;
         type Ah = FakeAh<B>;
+        type Mw = FakeAh<B>;
 
         fn device_name(&self) -> String {
             self.device.clone()
@@ -791,6 +809,33 @@ mod tests {
         }
         fn poll_async_event(&self) -> Option<AsyncEvent> {
             None
+        }
+        fn alloc_mw(&self, pd: &Obj<B>, mw_type: MwType) -> Result<FakeAh<B>> {
+            let call = format!("alloc_mw(pd{}, {mw_type:?})", pd.handle);
+            self.obj(call, "mw", 0).map(FakeAh)
+        }
+        fn bind_mw(&self, qp: &Obj<B>, mw: &FakeAh<B>, bind: &MwBind) -> Result<u32> {
+            let call = format!(
+                "bind_mw(qp{}, mw{}, {})",
+                qp.handle, mw.0.handle, bind.length
+            );
+            self.log.lock().unwrap().push(call);
+            Ok(mw.0.handle | 0x100)
+        }
+    }
+
+    impl<const B: u8> MemoryWindow for FakeAh<B> {
+        fn handle(&self) -> u32 {
+            self.0.handle
+        }
+        fn mw_type(&self) -> MwType {
+            MwType::Type1
+        }
+        fn rkey(&self) -> u32 {
+            self.0.handle
+        }
+        fn destroy(&self) -> Result<()> {
+            self.0.ok("dealloc")
         }
     }
 

@@ -19,7 +19,9 @@
 //!
 //! Supported by the emulator today: RC QPs with every send opcode listed in [`SendOp`], SRQ, and
 //! UD QPs (SEND and SEND_WITH_IMM through an [`AddressHandle`], see [`ud`]).
-//! Rejected with `NotSupported`: UC QPs, memory windows, alternate paths.
+//! Memory windows of type 1 and 2 ([`MemoryWindow`], [`SendOp::BindMw`], [`SendOp::LocalInv`],
+//! [`SendOp::SendWithInv`]).
+//! Rejected with `NotSupported`: UC QPs, alternate paths.
 #![deny(unsafe_code)]
 
 pub mod attr;
@@ -38,13 +40,13 @@ pub use connect::{RcConnectOptions, connect_rc};
 pub use error::{Error, ErrorKind, PostError, Result};
 pub use event::{AsyncEvent, AsyncEventKind, EventElement};
 pub use traits::{
-    AddressHandle, CompletionChannel, CompletionQueue, Context, Device, MemoryRegion,
+    AddressHandle, CompletionChannel, CompletionQueue, Context, Device, MemoryRegion, MemoryWindow,
     ProtectionDomain, Provider, QueuePair, SharedReceiveQueue,
 };
 pub use types::{
-    AccessFlags, Endpoint, Gid, LinkLayer, MAX_24BIT, Mtu, PortState, QpAttrMask, QpState, QpType,
-    ROCE_V2_UDP_PORT, SendFlags, WcFlags,
+    AccessFlags, DeviceCapFlags, Endpoint, Gid, LinkLayer, MAX_24BIT, Mtu, MwType, PortState,
+    QpAttrMask, QpState, QpType, ROCE_V2_UDP_PORT, SendFlags, WcFlags, inc_rkey,
 };
 pub use ud::{GRH_LEN, init_ah_from_wc};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{QKEY_CONTROLLED, RecvWr, SendOp, SendWr, Sge, UdDest};
+pub use wr::{MwBind, QKEY_CONTROLLED, RecvWr, SendOp, SendWr, Sge, UdDest};

@@ -5,7 +5,7 @@
 //! selection.
 //!
 //! Ownership follows rdma-core: a QP keeps its PD, CQs and SRQ alive; an MR and an address
-//! handle keep their PD alive.
+//! handle keep their PD alive; so does a memory window.
 //! Handles are cheap to clone and are `Send + Sync`; every call may come from any thread.
 //! `destroy` is explicit and fails with [`ErrorKind::Busy`](crate::ErrorKind::Busy) while
 //! another live object still uses the object; after a successful destroy every call on any clone
@@ -19,9 +19,9 @@ use std::time::Duration;
 use crate::attr::{AhAttr, DeviceAttr, PortAttr, QpAttr, QpInitAttr, SrqAttr};
 use crate::error::{Error, PostError, Result};
 use crate::event::AsyncEvent;
-use crate::types::{AccessFlags, Endpoint, Gid, QpAttrMask, QpState, QpType};
+use crate::types::{AccessFlags, Endpoint, Gid, MwType, QpAttrMask, QpState, QpType};
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendWr, Sge};
+use crate::wr::{MwBind, RecvWr, SendWr, Sge};
 
 /// A source of devices: the emulator, a UDP-backed emulator, libibverbs.
 pub trait Provider: Send + Sync {
@@ -71,6 +71,8 @@ pub trait Context: Clone + Send + Sync + 'static {
     type Qp: QueuePair;
     /// Address handle.
     type Ah: AddressHandle;
+    /// Memory window handle.
+    type Mw: MemoryWindow;
 
     /// The device's name.
     fn device_name(&self) -> String;
@@ -183,6 +185,23 @@ pub trait Context: Clone + Send + Sync + 'static {
     /// The next asynchronous event, if any, without blocking (`ibv_get_async_event` on a
     /// non-blocking fd). Events need no acknowledgement.
     fn poll_async_event(&self) -> Option<AsyncEvent>;
+
+    /// Allocates an unbound memory window of `mw_type` in `pd` (`ibv_alloc_mw`), keeping the PD
+    /// alive. Errors: a backend or device without that window type → `NotSupported`; more than
+    /// `max_mw` windows → `NoMemory`.
+    fn alloc_mw(&self, pd: &Self::Pd, mw_type: MwType) -> Result<Self::Mw>;
+
+    /// Binds type 1 window `mw` through `qp`'s send queue (`ibv_bind_mw`) and returns its new
+    /// R_Key (the key byte moves on; [`MemoryWindow::rkey`] reports it from now on). The bind
+    /// is a send-queue operation: it takes effect and completes (`IBV_WC_BIND_MW`, when
+    /// signaled) in order with the QP's other work. A bind of length 0 unbinds the window.
+    ///
+    /// Errors at the call: a type 2 window, a QP that is not RC, or a QP not in RTS/SQD →
+    /// `InvalidArgument`/`InvalidState`. Errors of the bind itself (MR without MW_BIND, rights
+    /// beyond the MR's — REMOTE_WRITE or REMOTE_ATOMIC need the MR's LOCAL_WRITE —, a range
+    /// outside the MR, a PD mismatch) complete the bind with `MW_BIND_ERR` and move the QP to
+    /// ERR (IBTA §10.6.7.2.1, as rxe).
+    fn bind_mw(&self, qp: &Self::Qp, mw: &Self::Mw, bind: &MwBind) -> Result<u32>;
 }
 
 /// A protection domain (`ibv_pd`).
@@ -248,7 +267,27 @@ pub trait MemoryRegion: Clone + Send + Sync + 'static {
         }
     }
 
-    /// Deregisters the region (`ibv_dereg_mr`).
+    /// Deregisters the region (`ibv_dereg_mr`). Fails while memory windows are bound to it
+    /// (IBTA §10.6.7.2.6): `Busy` on the emulator (rxe answers `EINVAL`).
+    fn destroy(&self) -> Result<()>;
+}
+
+/// A memory window (`ibv_mw`, IBTA §10.6.7): remote access to part of an MR under its own
+/// R_Key and narrower rights. Peers use its R_Key as they would an MR's.
+pub trait MemoryWindow: Clone + Send + Sync + 'static {
+    /// A number identifying the window within its context; what
+    /// [`SendOp::BindMw`](crate::SendOp::BindMw) names.
+    fn handle(&self) -> u32;
+
+    /// The window's type.
+    fn mw_type(&self) -> MwType;
+
+    /// The R_Key from the allocation or the latest type 1 bind (`ibv_mw.rkey`). A type 2
+    /// window's key after a bind is the one its BIND_MW request named.
+    fn rkey(&self) -> u32;
+
+    /// Deallocates the window (`ibv_dealloc_mw`); allowed while bound: the window is
+    /// invalidated first, and later accesses through its R_Key fail.
     fn destroy(&self) -> Result<()>;
 }
 

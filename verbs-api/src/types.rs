@@ -231,6 +231,57 @@ bitflags::bitflags! {
 }
 
 bitflags::bitflags! {
+    /// Device capability bits (`ibv_device_cap_flags`), as rdma-core numbers them. Only the
+    /// memory-window bits are named; other bits a backend reports are kept as they are.
+    #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    pub struct DeviceCapFlags: u32 {
+        /// `IBV_DEVICE_MEM_WINDOW`: memory windows (type 1) are supported.
+        const MEM_WINDOW = 1 << 17;
+        /// `IBV_DEVICE_MEM_WINDOW_TYPE_2A`: type 2A windows (bound to a QP, key checked).
+        const MEM_WINDOW_TYPE_2A = 1 << 23;
+        /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`: type 2B windows (bound to a QP and its PD).
+        const MEM_WINDOW_TYPE_2B = 1 << 24;
+        const _ = !0;
+    }
+}
+
+/// The type of a memory window (`ibv_mw_type`, IBTA §10.6.7).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MwType {
+    /// `IBV_MW_TYPE_1`: bound with `ibv_bind_mw`, which picks a new R_Key; a zero-length bind
+    /// unbinds it; never invalidated by LOCAL_INV or SEND_WITH_INV.
+    Type1,
+    /// `IBV_MW_TYPE_2`: bound by a BIND_MW work request to the posting QP, with the R_Key the
+    /// request names; unbound by LOCAL_INV or a peer's SEND_WITH_INV.
+    Type2,
+}
+
+impl MwType {
+    /// rdma-core's `ibv_mw_type` value (1 or 2).
+    pub const fn raw(self) -> u32 {
+        match self {
+            MwType::Type1 => 1,
+            MwType::Type2 => 2,
+        }
+    }
+
+    /// The type for rdma-core's value; `None` for any other number.
+    pub const fn from_raw(v: u32) -> Option<MwType> {
+        match v {
+            1 => Some(MwType::Type1),
+            2 => Some(MwType::Type2),
+            _ => None,
+        }
+    }
+}
+
+/// rdma-core's `ibv_inc_rkey`: the same key index with the next key byte (the low 8 bits), as
+/// applications pick the R_Key of a type 2 bind.
+pub const fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & 0xFFFF_FF00) | ((rkey.wrapping_add(1)) & 0xFF)
+}
+
+bitflags::bitflags! {
     /// Send work-request flags (`ibv_send_flags`).
     #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
     pub struct SendFlags: u32 {

@@ -227,6 +227,9 @@ pub struct WorkCompletion {
     pub byte_len: u32,
     /// Immediate data, valid when `wc_flags` has WITH_IMM; the value the sender posted.
     pub imm_data: u32,
+    /// The R_Key a SEND_WITH_INV invalidated, valid when `wc_flags` has WITH_INV (in rdma-core
+    /// it shares a union with `imm_data`).
+    pub invalidated_rkey: u32,
     /// Local QP number.
     pub qp_num: u32,
     /// Remote QP number (UD only).

@@ -4,7 +4,7 @@
 //! Work requests borrow their scatter/gather lists, so posting allocates nothing on the
 //! caller's side.
 
-use crate::types::SendFlags;
+use crate::types::{AccessFlags, SendFlags};
 
 /// One scatter/gather element: `length` bytes at virtual address `addr` inside the memory
 /// region whose lkey is `lkey` (`ibv_sge`).
@@ -73,6 +73,43 @@ pub enum SendOp {
         /// Value to add (wrapping).
         add: u64,
     },
+    /// `IBV_WR_LOCAL_INV`: invalidates the type 2 memory window whose R_Key is `rkey` (IBTA
+    /// §10.6.7.2.4); no packet goes out. A type 1 window, an unknown key or a window of another
+    /// PD fails the WR (`LOC_QP_OP_ERR` here, rxe's status too).
+    LocalInv {
+        /// The R_Key of the window to invalidate.
+        rkey: u32,
+    },
+    /// `IBV_WR_BIND_MW`: binds type 2 window `mw` to `length` bytes at `addr` of the MR whose
+    /// lkey is `mr`, with R_Key `rkey` (same key index as the window's, any key byte) and
+    /// rights `access`, for use through this QP only (IBTA §10.6.7.2.2). The window must be
+    /// unbound (never bound, or invalidated) and `length` non-zero. A bind that breaks a rule
+    /// completes with `MW_BIND_ERR` and the QP enters ERR.
+    BindMw {
+        /// The window's [`handle`](crate::MemoryWindow::handle).
+        mw: u32,
+        /// The R_Key the window has once bound (`ibv_inc_rkey` of the current one, typically).
+        rkey: u32,
+        /// The lkey of the MR the window is bound to.
+        mr: u32,
+        /// Start of the window: a virtual address inside the MR. With
+        /// [`AccessFlags::ZERO_BASED`] in `access`, peers address the window from 0.
+        addr: u64,
+        /// Length in bytes.
+        length: u64,
+        /// Remote rights through the window (a subset of REMOTE_READ, REMOTE_WRITE,
+        /// REMOTE_ATOMIC, plus ZERO_BASED and LOCAL_WRITE which are ignored for access).
+        access: AccessFlags,
+    },
+    /// `IBV_WR_SEND_WITH_INV`: as Send; the responder invalidates the type 2 window (or
+    /// MR) whose R_Key is `invalidate_rkey` before completing the receive, and reports it in the
+    /// completion (`IBV_WC_WITH_INV`, `invalidated_rkey`). A key it cannot invalidate fails the
+    /// receive (`REM_INV_REQ_ERR`, the responder's QP enters ERR) while the sender's WR
+    /// succeeds, as rxe does.
+    SendWithInv {
+        /// The R_Key the responder invalidates.
+        invalidate_rkey: u32,
+    },
 }
 
 impl SendOp {
@@ -86,7 +123,16 @@ impl SendOp {
             SendOp::RdmaRead { .. } => 4,
             SendOp::AtomicCmpAndSwp { .. } => 5,
             SendOp::AtomicFetchAndAdd { .. } => 6,
+            SendOp::LocalInv { .. } => 7,
+            SendOp::BindMw { .. } => 8,
+            SendOp::SendWithInv { .. } => 9,
         }
+    }
+
+    /// True for the operations the local HCA carries out without a packet (BIND_MW,
+    /// LOCAL_INV).
+    pub const fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw { .. } | SendOp::LocalInv { .. })
     }
 
     /// True for the two atomics, which need exactly one 8-byte local SGE and an 8-byte aligned
@@ -198,6 +244,24 @@ impl<'a> SendWr<'a> {
             self.sg_list.iter().map(|s| u64::from(s.length)).sum()
         }
     }
+}
+
+/// A type 1 memory window bind (`ibv_mw_bind` with its `ibv_mw_bind_info`): what
+/// [`Context::bind_mw`](crate::Context::bind_mw) posts on a QP's send queue.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MwBind {
+    /// Caller's identifier, returned in the BIND_MW completion.
+    pub wr_id: u64,
+    /// `IBV_SEND_SIGNALED` asks for a completion on success.
+    pub flags: SendFlags,
+    /// The lkey of the MR to bind to (ignored when `length` is 0).
+    pub mr: u32,
+    /// Start of the window: a virtual address inside the MR.
+    pub addr: u64,
+    /// Length in bytes; 0 unbinds the window.
+    pub length: u64,
+    /// Remote rights through the window.
+    pub access: AccessFlags,
 }
 
 /// A receive work request (`ibv_recv_wr`): where an incoming SEND's payload is scattered.

@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use emu_proto::{Instant, Stats};
 use mr_region::Region;
 use verbs_api::{
-    AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Error, ErrorKind, EventElement, Gid, PortAttr,
-    QpInitAttr, Result, SrqAttr,
+    AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Error, ErrorKind, EventElement, Gid, MwBind,
+    MwType, PortAttr, QpInitAttr, Result, SrqAttr,
 };
 
 use crate::channel::ChannelShared;
-use crate::handles::{Ah, AhInner, Srq, SrqInner};
+use crate::handles::{Ah, AhInner, Mw, MwInner, Srq, SrqInner};
 use crate::handles::{Channel, ChannelInner, Cq, CqInner, Mr, MrInner, Pd, PdInner, Qp, QpInner};
 use crate::port::{Port, Waiting};
 use crate::state::DeviceState;
@@ -175,6 +175,7 @@ impl<P: Port> verbs_api::Context for Context<P> {
     type Srq = Srq<P>;
     type Qp = Qp<P>;
     type Ah = Ah<P>;
+    type Mw = Mw<P>;
 
     fn device_name(&self) -> String {
         self.shared.port.device_name()
@@ -358,5 +359,27 @@ impl<P: Port> verbs_api::Context for Context<P> {
         self.wait_take(Waiting::AsyncEvent, |st| Ok(st.events.pop(id)))
             .ok()
             .flatten()
+    }
+
+    fn alloc_mw(&self, pd: &Pd<P>, mw_type: MwType) -> Result<Mw<P>> {
+        self.same_context(&pd.0.ctx, "PD")?;
+        let (id, _) = self.query_live(&pd.0.alive, "PD", |st| st.hca.alloc_mw(pd.0.id, mw_type))?;
+        Ok(Mw(Arc::new(MwInner {
+            ctx: self.clone(),
+            id,
+            mw_type,
+            alive: AtomicBool::new(true),
+            _pd: pd.clone(),
+        })))
+    }
+
+    fn bind_mw(&self, qp: &Qp<P>, mw: &Mw<P>, bind: &MwBind) -> Result<u32> {
+        self.same_context(qp.context(), "QP")?;
+        self.same_context(&mw.0.ctx, "MW")?;
+        self.post_send(|st, now| {
+            check_alive(&qp.0.alive, "QP")?;
+            check_alive(&mw.0.alive, "MW")?;
+            st.hca.bind_mw(now, qp.0.qpn, mw.0.id, bind)
+        })?
     }
 }

@@ -1,4 +1,4 @@
-//! The verbs objects of an emulated device — PD, MR, completion channel, CQ, SRQ, QP, AH —
+//! The verbs objects of an emulated device — PD, MR, completion channel, CQ, SRQ, QP, AH, MW —
 //! written once over a [`Port`].
 //!
 //! Handles keep their parents alive (a QP holds its PD, CQs and SRQ, an MR or AH its PD; every
@@ -13,8 +13,8 @@ use std::time::{Duration, Instant as WallClock};
 use emu_proto::{AhId, ChannelId, CqId, Hca, Instant, MrInfo, PdId, SrqId, Stats};
 use mr_region::Region;
 use verbs_api::{
-    AccessFlags, Endpoint, Error, PostError, QpAttr, QpAttrMask, QpType, RecvWr, Result, SendWr,
-    SrqAttr, WorkCompletion,
+    AccessFlags, Endpoint, Error, MwType, PostError, QpAttr, QpAttrMask, QpType, RecvWr, Result,
+    SendWr, SrqAttr, WorkCompletion,
 };
 
 use crate::channel::ChannelShared;
@@ -535,6 +535,49 @@ impl<P: Port> verbs_api::QueuePair for Qp<P> {
         let this = &self.0;
         this.ctx.command_live(&this.alive, "QP", |st, _| {
             st.hca.destroy_qp(this.qpn)?;
+            this.alive.store(false, Ordering::Release);
+            Ok(())
+        })
+    }
+}
+
+// ---- MW ------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+pub(crate) struct MwInner<P: Port> {
+    pub(crate) ctx: Context<P>,
+    pub(crate) id: u32,
+    pub(crate) mw_type: MwType,
+    pub(crate) alive: AtomicBool,
+    pub(crate) _pd: Pd<P>,
+}
+drop_destroys!(MwInner, |st, this| st.hca.dealloc_mw(this.id));
+
+/// A memory window of an emulated device; it keeps its PD alive.
+#[derive(Clone, Debug)]
+pub struct Mw<P: Port>(pub(crate) Arc<MwInner<P>>);
+
+impl<P: Port> verbs_api::MemoryWindow for Mw<P> {
+    fn handle(&self) -> u32 {
+        self.0.id
+    }
+
+    fn mw_type(&self) -> MwType {
+        self.0.mw_type
+    }
+
+    /// The engine's current key; 0 once the window is destroyed.
+    fn rkey(&self) -> u32 {
+        let this = &self.0;
+        this.ctx
+            .query_live(&this.alive, "MW", |st| st.hca.mw_rkey(this.id))
+            .unwrap_or(0)
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let this = &self.0;
+        this.ctx.command_live(&this.alive, "MW", |st, _| {
+            st.hca.dealloc_mw(this.id)?;
             this.alive.store(false, Ordering::Release);
             Ok(())
         })

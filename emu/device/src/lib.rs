@@ -8,7 +8,7 @@
 //!
 //! * [`DeviceState`]: the HCA, its MR memory ([`DeviceMemory`] over [`mr_region::Region`]), its
 //!   completion channels ([`ChannelShared`]) and the routing of async events to contexts;
-//! * the handles [`Context`], [`Pd`], [`Mr`], [`Channel`], [`Cq`], [`Srq`], [`Qp`], which
+//! * the handles [`Context`], [`Pd`], [`Mr`], [`Channel`], [`Cq`], [`Srq`], [`Qp`], [`Mw`], which
 //!   implement the `verbs_api` traits for every port. Backends name them with type aliases
 //!   (`SimQp = Qp<SimDevice>`); a context derefs to its device, where backend extras live.
 //!
@@ -30,7 +30,7 @@ mod tests;
 
 pub use channel::ChannelShared;
 pub use context::Context;
-pub use handles::{Ah, Channel, Cq, Mr, Pd, Qp, Srq};
+pub use handles::{Ah, Channel, Cq, Mr, Mw, Pd, Qp, Srq};
 pub use memory::DeviceMemory;
 pub use mr_region::{OutOfBounds, Region};
 pub use port::{Idle, Port, Waiting};

@@ -10,7 +10,7 @@ use ibverbs_sys::convert::{self, mtu};
 pub use ibverbs_sys::convert::{ah_from, ah_to, cap_from, cap_to, qp_state};
 use ibverbs_sys::*;
 use verbs_api::{
-    AtomicCap, DeviceAttr, Error, LinkLayer, PortAttr, QpAttr, QpAttrMask, WorkCompletion,
+    AtomicCap, DeviceAttr, Error, LinkLayer, PortAttr, QpAttr, QpAttrMask, WcFlags, WorkCompletion,
 };
 
 /// `IBV_LINK_LAYER_INFINIBAND`.
@@ -43,7 +43,7 @@ pub fn device_attr(a: &DeviceAttr) -> ibv_device_attr {
         hw_ver: a.hw_ver,
         max_qp: clamp_i32(a.max_qp),
         max_qp_wr: clamp_i32(a.max_qp_wr),
-        device_cap_flags: IBV_DEVICE_RC_RNR_NAK_GEN,
+        device_cap_flags: IBV_DEVICE_RC_RNR_NAK_GEN | a.device_cap_flags.bits(),
         max_sge: clamp_i32(a.max_sge),
         max_sge_rd: clamp_i32(a.max_sge),
         max_cq: clamp_i32(a.max_cq),
@@ -62,7 +62,7 @@ pub fn device_attr(a: &DeviceAttr) -> ibv_device_attr {
         },
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        max_mw: clamp_i32(a.max_mw),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: 0,
@@ -133,6 +133,16 @@ pub fn qp_attr_to(a: &QpAttr) -> ibv_qp_attr {
     }
 }
 
+/// The `ibv_wc` slot `imm_data` and `invalidated_rkey` share: the R_Key (host order) with
+/// `IBV_WC_WITH_INV`, else the immediate in network order.
+pub fn imm_or_invalidated(w: &WorkCompletion) -> u32 {
+    if w.wc_flags.contains(WcFlags::WITH_INV) {
+        w.invalidated_rkey
+    } else {
+        w.imm_data.to_be()
+    }
+}
+
 /// [`WorkCompletion`] → `ibv_wc` (immediate data in network byte order, as the sender posted
 /// it).
 pub fn wc_to(w: &WorkCompletion) -> ibv_wc {
@@ -142,7 +152,7 @@ pub fn wc_to(w: &WorkCompletion) -> ibv_wc {
         opcode: w.opcode as u32,
         vendor_err: w.vendor_err,
         byte_len: w.byte_len,
-        imm_data: w.imm_data.to_be(),
+        imm_data: imm_or_invalidated(w),
         qp_num: w.qp_num,
         src_qp: w.src_qp,
         wc_flags: w.wc_flags.bits(),

@@ -447,6 +447,9 @@ fn fill_ops(ops: &mut ibv_context_ops) {
     ops.post_srq_recv = Some(crate::objects::post_srq_recv);
     ops.post_send = Some(crate::qp::post_send);
     ops.post_recv = Some(crate::qp::post_recv);
+    ops.alloc_mw = Some(crate::mw::alloc_mw);
+    ops.bind_mw = Some(crate::mw::bind_mw);
+    ops.dealloc_mw = Some(crate::mw::dealloc_mw);
 }
 
 fn new_context(dev: *mut SvDevice) -> Result<*mut SvContext, i32> {

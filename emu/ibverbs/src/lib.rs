@@ -12,20 +12,23 @@
 //!   `SOFTVERBS_UDP_ADDRS`, `SOFTVERBS_FAULTS`, `SOFTVERBS_PCAP`, `SOFTVERBS_SEED` override.
 //! * [`objects`]: PD, MR (the application's own memory), completion channel, CQ (classic and
 //!   extended), SRQ, AH (with `ibv_init_ah_from_wc` / `ibv_create_ah_from_wc`).
-//! * [`qp`]: QPs (RC and UD), `ibv_post_send`/`recv` through the context's ops table, the
+//! * [`qp`]: QPs (RC, UC and UD), `ibv_post_send`/`recv` through the context's ops table, the
 //!   `ibv_qp_ex` work-request builder.
+//! * [`mw`]: memory windows (the context's `alloc_mw`/`bind_mw`/`dealloc_mw` ops) and the
+//!   window operations of both posting paths.
 //! * [`strings`]: `ibv_*_str` and rate conversions, with rdma-core's strings.
 //! * [`stubs`]: every other exported symbol, failing as libibverbs fails for an unsupported
 //!   verb (`EOPNOTSUPP`, NULL).
 //!
 //! Every exported function is `unsafe extern "C"` and follows libibverbs' contract for that
 //! call (pointers valid, objects of this library); within it, NULL where the API forbids it
-//! gives `EINVAL`, and no panic crosses the boundary ([`guard`]). What it is not: a UC, XRC,
-//! memory-window or RDMA-CM implementation (those answer `EOPNOTSUPP`).
+//! gives `EINVAL`, and no panic crosses the boundary ([`guard`]). What it is not: an XRC or
+//! RDMA-CM implementation (those answer `EOPNOTSUPP`).
 #![allow(clippy::missing_safety_doc)] // every export follows libibverbs' documented contract
 
 pub mod convert;
 pub mod device;
+pub mod mw;
 pub mod objects;
 pub mod qp;
 pub mod strings;

@@ -692,7 +692,7 @@ unsafe extern "C" fn cq_read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
     guard(0, || current(cq).byte_len)
 }
 unsafe extern "C" fn cq_read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
-    guard(0, || current(cq).imm_data.to_be())
+    guard(0, || convert::imm_or_invalidated(&current(cq)))
 }
 unsafe extern "C" fn cq_read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
     guard(0, || current(cq).qp_num)

@@ -5,8 +5,8 @@
 //! into two flat vectors, so a post allocates nothing once the thread's batch has grown) and
 //! post it with one `post_send` of the UDP QP. RC, UC and UD are offered (a UC QP takes the
 //! same calls as RC; the engine refuses RC-only masks and operations; a UD work request names
-//! its AH, remote QPN and Q_Key in `wr.ud` or through `ibv_wr_set_ud_addr`); XRC, memory
-//! windows, TSO and invalidation answer `EOPNOTSUPP`.
+//! its AH, remote QPN and Q_Key in `wr.ud` or through `ibv_wr_set_ud_addr`); XRC and TSO
+//! answer `EOPNOTSUPP`. The memory-window operations convert in `crate::mw`.
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
@@ -164,7 +164,7 @@ pub struct SvQp {
 /// # Safety
 ///
 /// `qp` is NULL or a live QP of this library (`ibv_qp` or `ibv_qp_ex` pointer).
-unsafe fn qp_inner<'a, T>(qp: *mut T) -> Option<&'a QpInner> {
+pub(crate) unsafe fn qp_inner<'a, T>(qp: *mut T) -> Option<&'a QpInner> {
     let sv = qp.cast::<SvQp>();
     // SAFETY: per the contract; only the private part is borrowed.
     (!sv.is_null()).then(|| unsafe { &(*sv).inner })
@@ -173,14 +173,14 @@ unsafe fn qp_inner<'a, T>(qp: *mut T) -> Option<&'a QpInner> {
 fn fill_qp_ex_ops(q: &mut ibv_qp_ex) {
     q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
     q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
-    q.wr_bind_mw = Some(wr_bind_mw);
-    q.wr_local_inv = Some(wr_unsupported_u32);
+    q.wr_bind_mw = Some(crate::mw::wr_bind_mw);
+    q.wr_local_inv = Some(crate::mw::wr_local_inv);
     q.wr_rdma_read = Some(wr_rdma_read);
     q.wr_rdma_write = Some(wr_rdma_write);
     q.wr_rdma_write_imm = Some(wr_rdma_write_imm);
     q.wr_send = Some(wr_send);
     q.wr_send_imm = Some(wr_send_imm);
-    q.wr_send_inv = Some(wr_unsupported_u32);
+    q.wr_send_inv = Some(crate::mw::wr_send_inv);
     q.wr_send_tso = Some(wr_send_tso);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
     q.wr_set_xrc_srqn = Some(wr_unsupported_u32);
@@ -494,7 +494,11 @@ fn sge(s: &ibv_sge) -> Sge {
 }
 
 /// The operation of a classic send work request.
-fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
+///
+/// # Safety
+///
+/// `wr` follows `ibv_post_send`'s contract (a BIND_MW names a live window and MR).
+unsafe fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
     // SAFETY: the union is read as the variant the opcode selects; both are plain integers.
     let (rdma, atomic) = unsafe { (wr.wr.rdma, wr.wr.atomic) };
     let imm = u32::from_be(wr.imm_data);
@@ -525,7 +529,9 @@ fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
             rkey: atomic.rkey,
             add: atomic.compare_add,
         },
-        7..=14 => return Err(libc::EOPNOTSUPP),
+        // SAFETY: per the contract.
+        7..=9 => return unsafe { crate::mw::send_op(wr) },
+        10..=14 => return Err(libc::EOPNOTSUPP),
         _ => return Err(libc::EINVAL),
     })
 }
@@ -554,7 +560,8 @@ unsafe fn ud_dest(wr: &ibv_send_wr) -> Result<UdDest, c_int> {
 /// `wr` follows `ibv_post_send`'s contract (valid SGE list; inline SGEs name readable memory;
 /// on a UD QP a live AH).
 unsafe fn add_send_wr(batch: &mut Batch, wr: &ibv_send_wr, ud: bool) -> Result<(), c_int> {
-    let op = send_op(wr)?;
+    // SAFETY: per the contract.
+    let op = unsafe { send_op(wr) }?;
     let dest = if ud {
         // SAFETY: per the contract, a UD work request names a live AH (or NULL).
         Some(unsafe { ud_dest(wr) }?)
@@ -736,7 +743,7 @@ fn with_builder(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut Batch)) {
 }
 
 /// Starts a work request of `op` with the QP's current `wr_id` and `wr_flags`.
-fn start_wr(qp: *mut ibv_qp_ex, op: SendOp) {
+pub(crate) fn start_wr(qp: *mut ibv_qp_ex, op: SendOp) {
     if qp.is_null() {
         return;
     }
@@ -745,7 +752,7 @@ fn start_wr(qp: *mut ibv_qp_ex, op: SendOp) {
     with_builder(qp, |b| b.push(wr_id, flags, op));
 }
 
-fn fail_wr(qp: *mut ibv_qp_ex, errno: c_int) {
+pub(crate) fn fail_wr(qp: *mut ibv_qp_ex, errno: c_int) {
     with_builder(qp, |b| {
         b.error.get_or_insert(errno);
     });
@@ -913,15 +920,6 @@ unsafe extern "C" fn wr_unsupported_u32(qp: *mut ibv_qp_ex, _v: u32) {
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
-    fail_wr(qp, libc::EOPNOTSUPP);
-}
-
-unsafe extern "C" fn wr_bind_mw(
-    qp: *mut ibv_qp_ex,
-    _mw: *mut c_void,
-    _rkey: u32,
-    _b: *const c_void,
-) {
     fail_wr(qp, libc::EOPNOTSUPP);
 }
 

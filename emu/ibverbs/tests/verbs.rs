@@ -868,3 +868,112 @@ fn uc_qps_send_and_write_through_both_posting_paths() {
         assert_eq!(&b.buf[1000..1003], b"abc");
     }
 }
+
+/// A type 2 window of `b` over 256 bytes at offset 2048 of a second MR on `b`'s buffer (which
+/// allows MW_BIND), bound with `IBV_WR_BIND_MW`: returns (window, MR, R_Key).
+fn bind_type2(b: &mut Node) -> (*mut ibv_mw, *mut ibv_mr, u32) {
+    unsafe {
+        let base = b.buf.as_mut_ptr().add(2048);
+        let mr = ibv_reg_mr(b.pd, base.cast(), 1024, 1 | 16); // LOCAL_WRITE | MW_BIND
+        assert!(!mr.is_null());
+        let mw = ((*b.ctx).ops.alloc_mw.unwrap())(b.pd, 2);
+        assert!(!mw.is_null(), "alloc_mw errno {}", errno());
+        assert_eq!((*mw).mw_type, 2);
+        let rkey = verbs_api::inc_rkey((*mw).rkey);
+        let mut wr: ibv_send_wr = std::mem::zeroed();
+        wr.wr_id = 50;
+        wr.opcode = 8; // IBV_WR_BIND_MW
+        wr.send_flags = 2;
+        let bind = ibv_send_wr_bind_mw {
+            mw,
+            rkey,
+            bind_info: ibv_mw_bind_info {
+                mr,
+                addr: base as u64,
+                length: 256,
+                mw_access_flags: 2, // REMOTE_WRITE
+            },
+        };
+        wr.bind_mw_or_tso = bind.to_words();
+        assert_eq!(b.post_send(&mut wr), 0);
+        let wc = b.poll(1);
+        assert_eq!((wc[0].status, wc[0].opcode, wc[0].wr_id), (0, 5, 50));
+        (mw, mr, rkey)
+    }
+}
+
+/// `a` writes `len` bytes at `va` of `b` under `rkey`; returns the completion status.
+fn write_status(a: &Node, va: u64, rkey: u32, len: u32) -> u32 {
+    let mut sge = a.sge(0, len);
+    let mut wr = send_wr(0, &mut sge, 9);
+    wr.wr.rdma = ibv_send_wr_rdma {
+        remote_addr: va,
+        rkey,
+    };
+    assert_eq!(a.post_send(&mut wr), 0);
+    a.poll(1)[0].status
+}
+
+#[test]
+fn memory_windows_through_the_ops_table() {
+    // Type 2: BIND_MW, a WRITE through the window, SEND_WITH_INV, then the key is dead.
+    let (mut a, mut b) = pair(false);
+    let (mw, mr, rkey) = bind_type2(&mut b);
+    assert_eq!(
+        unsafe { ibv_dereg_mr(mr) },
+        libc::EBUSY,
+        "a window is bound to the MR"
+    );
+    a.buf[..4].copy_from_slice(b"wind");
+    let va = b.addr() + 2048 + 16;
+    assert_eq!(write_status(&a, va, rkey, 4), 0);
+    assert_eq!(&b.buf[2064..2068], b"wind");
+    let mut rsge = b.sge(0, 64);
+    b.post_recv(&mut rsge, 7);
+    let mut sge = a.sge(0, 8);
+    let mut wr = send_wr(9, &mut sge, 2); // IBV_WR_SEND_WITH_INV
+    wr.imm_data = rkey; // invalidate_rkey, host order
+    assert_eq!(a.post_send(&mut wr), 0);
+    assert_eq!(a.poll(1)[0].status, 0);
+    let wc = b.poll(1);
+    assert_eq!((wc[0].status, wc[0].opcode), (0, 128));
+    assert_eq!(wc[0].wc_flags & 8, 8, "IBV_WC_WITH_INV");
+    assert_eq!(wc[0].imm_data, rkey, "invalidated_rkey");
+    assert_eq!(write_status(&a, va, rkey, 4), 10, "REM_ACCESS_ERR");
+    unsafe {
+        assert_eq!(((*b.ctx).ops.dealloc_mw.unwrap())(mw), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+    }
+
+    // Type 1: ibv_bind_mw through the ops table moves the key; a zero-length bind unbinds.
+    let (mut a, b) = pair(false);
+    unsafe {
+        let base = b.buf.as_ptr().add(1024).cast_mut();
+        let mr = ibv_reg_mr(b.pd, base.cast(), 512, 1 | 16);
+        let mw = ((*b.ctx).ops.alloc_mw.unwrap())(b.pd, 1);
+        let old = (*mw).rkey;
+        let mut bind = ibv_mw_bind {
+            wr_id: 60,
+            send_flags: 2,
+            bind_info: ibv_mw_bind_info {
+                mr,
+                addr: base as u64,
+                length: 512,
+                mw_access_flags: 2,
+            },
+        };
+        assert_eq!(((*b.ctx).ops.bind_mw.unwrap())(b.qp, mw, &mut bind), 0);
+        let rkey = (*mw).rkey;
+        assert_eq!(rkey, verbs_api::inc_rkey(old));
+        assert_eq!(b.poll(1)[0].opcode, 5);
+        a.buf[..2].copy_from_slice(b"t1");
+        assert_eq!(write_status(&a, base as u64 + 8, rkey, 2), 0);
+        assert_eq!(&b.buf[1032..1034], b"t1");
+        bind.bind_info.length = 0;
+        assert_eq!(((*b.ctx).ops.bind_mw.unwrap())(b.qp, mw, &mut bind), 0);
+        assert_eq!(b.poll(1)[0].status, 0);
+        assert_eq!(write_status(&a, base as u64 + 8, (*mw).rkey, 2), 10);
+        assert_eq!(((*b.ctx).ops.dealloc_mw.unwrap())(mw), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+    }
+}

@@ -1,6 +1,6 @@
 //! Static configuration of one software HCA: identity, port and limits.
 
-use verbs_api::{AtomicCap, DeviceAttr, Gid, Mtu, ROCE_V2_UDP_PORT};
+use verbs_api::{AtomicCap, DeviceAttr, DeviceCapFlags, Gid, Mtu, ROCE_V2_UDP_PORT};
 
 /// Device limits. The defaults follow rxe's (`rxe_param.h`), so that applications see the same
 /// ceilings on the emulator as on Linux SoftRoCE (rc-transport.md §8, "Limits").
@@ -36,6 +36,8 @@ pub struct Limits {
     pub max_comp_channels: u32,
     /// Largest message in bytes (rxe: 2^31).
     pub max_msg_sz: u32,
+    /// Maximum memory windows.
+    pub max_mw: u32,
 }
 
 impl Default for Limits {
@@ -56,6 +58,7 @@ impl Default for Limits {
             max_inline_data: 512,
             max_comp_channels: 0x4000,
             max_msg_sz: 0x8000_0000,
+            max_mw: 0x1_0000,
         }
     }
 }
@@ -143,6 +146,8 @@ impl HcaConfig {
             max_inline_data: l.max_inline_data,
             phys_port_cnt: 1,
             atomic_cap: AtomicCap::Hca,
+            max_mw: l.max_mw,
+            device_cap_flags: DeviceCapFlags::MEM_WINDOW | DeviceCapFlags::MEM_WINDOW_TYPE_2B,
         }
     }
 }

@@ -16,8 +16,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use verbs_api::{
     AccessFlags, AhAttr, AsyncEvent, AsyncEventKind, DeviceAttr, Error, ErrorKind, EventElement,
-    Gid, LinkLayer, PortAttr, PortState, PostError, QpAttr, QpAttrMask, QpInitAttr, QpState,
-    QpType, RecvWr, Result, SendWr, SrqAttr, WcOpcode, WcStatus, WorkCompletion,
+    Gid, LinkLayer, MwBind, MwType, PortAttr, PortState, PostError, QpAttr, QpAttrMask, QpInitAttr,
+    QpState, QpType, RecvWr, Result, SendFlags, SendOp, SendWr, SrqAttr, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 use std::collections::BTreeSet;
@@ -27,6 +28,7 @@ use crate::config::HcaConfig;
 use crate::cq::{Cq, Pushed};
 pub use crate::ids::{AhId, ChannelId, CqId, MrInfo, PdId, SrqId};
 use crate::memory::Memory;
+use crate::mw::MwEntry;
 use crate::qp::{self, Qp, RecvWqe, SendWqe};
 use crate::rc::{self, Ctx, PacketClass, completer, requester, responder};
 use crate::srq::SrqEntry;
@@ -99,6 +101,8 @@ pub struct Hca {
     mrs: Table<MrInfo>,
     /// Last random key byte used per MR index, so a new key always differs from the last.
     last_key_byte: Vec<u8>,
+    /// Memory windows by table index (key index − `mw::MW_INDEX_BASE`).
+    mws: Table<MwEntry>,
     cqs: Table<Cq>,
     channels: Table<ChannelEntry>,
     srqs: Table<SrqEntry>,
@@ -142,6 +146,7 @@ impl Hca {
             pds: Table::default(),
             mrs,
             last_key_byte: vec![0],
+            mws: Table::default(),
             cqs: Table::default(),
             channels: Table::default(),
             srqs: Table::default(),
@@ -325,14 +330,111 @@ impl Hca {
         Ok(info)
     }
 
-    /// `ibv_dereg_mr` by lkey; `InvalidArgument` for an unknown key.
+    /// `ibv_dereg_mr` by lkey; `InvalidArgument` for an unknown key, `Busy` while memory
+    /// windows are bound to the MR (IBTA §10.6.7.2.6).
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<MrInfo> {
         let info = *self.mr(lkey).ok_or_else(|| Error::invalid("no such MR"))?;
+        if crate::mw::mr_has_windows(&self.mws, lkey) {
+            return Err(Error::busy("memory windows are bound to the MR"));
+        }
         self.mrs.remove(lkey >> 8);
         if let Some(entry) = self.pds.get_mut(info.pd.0) {
             entry.refs = entry.refs.saturating_sub(1);
         }
         Ok(info)
+    }
+
+    // ---- (C) commands: memory windows -----------------------------------------------------
+
+    /// `ibv_alloc_mw`: an unbound window of `mw_type` in `pd` and its first R_Key (a window key
+    /// index, random key byte); the PD stays busy until it is deallocated. `InvalidArgument`
+    /// for an unknown PD, `NoMemory` beyond `max_mw`.
+    pub fn alloc_mw(&mut self, pd: PdId, mw_type: MwType) -> Result<(u32, u32)> {
+        self.pds
+            .get(pd.0)
+            .ok_or_else(|| Error::invalid("no such PD"))?;
+        if self.mws.len() >= self.config.limits.max_mw as usize {
+            return Err(Error::no_memory("max_mw memory windows allocated"));
+        }
+        let entry = MwEntry {
+            pd,
+            mw_type,
+            rkey: 0,
+            binding: None,
+        };
+        let index = self
+            .mws
+            .insert(entry)
+            .filter(|i| *i < (1 << 24) - crate::mw::MW_INDEX_BASE)
+            .ok_or_else(|| Error::no_memory("MW key space exhausted"))?;
+        let byte = self.rng.next_u32() & 0xFF;
+        let rkey = ((crate::mw::MW_INDEX_BASE + index) << 8) | byte;
+        if let Some(stored) = self.mws.get_mut(index) {
+            stored.rkey = rkey;
+        }
+        if let Some(entry) = self.pds.get_mut(pd.0) {
+            entry.refs += 1;
+        }
+        Ok((index, rkey))
+    }
+
+    /// `ibv_dealloc_mw`: allowed while bound (the window is invalidated with it; later
+    /// accesses through its key fail). `InvalidArgument` for an unknown window.
+    pub fn dealloc_mw(&mut self, mw: u32) -> Result<()> {
+        let entry = self
+            .mws
+            .remove(mw)
+            .ok_or_else(|| Error::invalid("no such memory window"))?;
+        if let Some(pd) = self.pds.get_mut(entry.pd.0) {
+            pd.refs = pd.refs.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// The R_Key `ibv_mw.rkey` shows for window `mw`.
+    pub fn mw_rkey(&self, mw: u32) -> Result<u32> {
+        self.mws
+            .get(mw)
+            .map(|m| m.rkey)
+            .ok_or_else(|| Error::invalid("no such memory window"))
+    }
+
+    /// `ibv_bind_mw`: posts a BIND_MW of type 1 window `mw` on RC QP `qpn`'s send queue with
+    /// the next R_Key (`ibv_inc_rkey`), which it returns and `mw_rkey` reports from now on.
+    /// Errors of the post are `post_send`'s; a type 2 window or a QP that is not RC is
+    /// `InvalidArgument`. The bind's own errors complete it with `MW_BIND_ERR` (see
+    /// `SendOp::BindMw`).
+    pub fn bind_mw(&mut self, now: Instant, qpn: u32, mw: u32, bind: &MwBind) -> Result<u32> {
+        let entry = self
+            .mws
+            .get(mw)
+            .ok_or_else(|| Error::invalid("no such memory window"))?;
+        if entry.mw_type != MwType::Type1 {
+            return Err(Error::invalid(
+                "ibv_bind_mw binds type 1 windows; a type 2 window is bound by a BIND_MW WR",
+            ));
+        }
+        if self.qp(qpn)?.qp_type != QpType::Rc {
+            return Err(Error::invalid("memory windows are bound on RC QPs"));
+        }
+        let rkey = verbs_api::inc_rkey(entry.rkey);
+        let op = SendOp::BindMw {
+            mw,
+            rkey,
+            mr: bind.mr,
+            addr: bind.addr,
+            length: bind.length,
+            access: bind.access,
+        };
+        let wr = SendWr {
+            flags: bind.flags & SendFlags::SIGNALED,
+            ..SendWr::new(bind.wr_id, op, &[])
+        };
+        self.post_send(now, qpn, &[wr]).map_err(|e| e.error)?;
+        if let Some(entry) = self.mws.get_mut(mw) {
+            entry.rkey = rkey;
+        }
+        Ok(rkey)
     }
 
     // ---- (C) commands: channels and CQs ----------------------------------------------------
@@ -879,6 +981,7 @@ impl Hca {
             .remove(index)
             .ok_or_else(|| Error::invalid("no such QP"))?;
         self.retain_qp_refs(qp.pd, qp.send_cq, qp.recv_cq, qp.srq, -1);
+        crate::mw::unbind_qp(&mut self.mws, qpn);
         // `stats()` sums destroyed QPs too (stats.rs), and no timer may outlive its QP.
         self.stats += qp.rc.stats;
         if let Some(at) = qp.rc.timer_key {
@@ -941,6 +1044,7 @@ impl Hca {
         let mut ctx = Ctx {
             now,
             mrs: &self.mrs,
+            mws: &mut self.mws,
             srqs: &mut self.srqs,
             mem,
             wcs: &mut self.wcs,
@@ -995,6 +1099,7 @@ impl Hca {
         let mut ctx = Ctx {
             now,
             mrs: &self.mrs,
+            mws: &mut self.mws,
             srqs: &mut self.srqs,
             mem,
             wcs: &mut self.wcs,
@@ -1019,6 +1124,7 @@ impl Hca {
             let mut ctx = Ctx {
                 now,
                 mrs: &self.mrs,
+                mws: &mut self.mws,
                 srqs: &mut self.srqs,
                 mem,
                 wcs: &mut self.wcs,
@@ -1050,6 +1156,7 @@ impl Hca {
                 let mut ctx = Ctx {
                     now,
                     mrs: &self.mrs,
+                    mws: &mut self.mws,
                     srqs: &mut self.srqs,
                     mem,
                     wcs: &mut self.wcs,
@@ -1078,6 +1185,7 @@ impl Hca {
             let mut ctx = Ctx {
                 now,
                 mrs: &self.mrs,
+                mws: &mut self.mws,
                 srqs: &mut self.srqs,
                 mem,
                 wcs: &mut self.wcs,

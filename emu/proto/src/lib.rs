@@ -13,6 +13,7 @@ mod events;
 pub mod hca;
 mod ids;
 pub mod memory;
+mod mw;
 mod qp;
 mod rc;
 mod srq;

@@ -486,6 +486,9 @@ fn send_opcode(op: &SendOp) -> WcOpcode {
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
         SendOp::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
         SendOp::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::SendWithInv { .. } => WcOpcode::Send,
+        SendOp::BindMw { .. } => WcOpcode::BindMw,
+        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
     }
 }
 

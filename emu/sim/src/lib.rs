@@ -7,8 +7,8 @@
 //!
 //! What is emulated: the whole RC transport of `emu_proto` (SEND, WRITE, READ, atomics, ACK
 //! coalescing, go-back-N retransmission, RNR, NAKs, flush), PDs, MRs owned by the emulator
-//! (heap, shared file mapping or caller memory), CQs with completion channels, SRQs. Rejected:
-//! UC/UD QPs (`NotSupported`), memory windows, alternate paths.
+//! (heap, shared file mapping or caller memory), CQs with completion channels, SRQs, memory
+//! windows of type 1 and 2. Rejected: UC/UD QPs (`NotSupported`), alternate paths.
 //!
 //! # Time and progress
 //!
@@ -148,7 +148,7 @@ pub use emu_proto::wire::Opcode;
 pub use fabric::TraceRecord;
 pub use pair::{PairOptions, SimPair, connect_pair};
 pub use provider::{
-    SEED_ENV, SimBuilder, SimChannel, SimContext, SimCq, SimDevice, SimMr, SimPd, SimProvider,
-    SimQp, SimSrq,
+    SEED_ENV, SimBuilder, SimChannel, SimContext, SimCq, SimDevice, SimMr, SimMw, SimPd,
+    SimProvider, SimQp, SimSrq,
 };
 pub use seed::seed_from_env;

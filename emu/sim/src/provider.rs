@@ -47,6 +47,8 @@ pub type SimCq = emu_device::Cq<SimDevice>;
 pub type SimSrq = emu_device::Srq<SimDevice>;
 /// An emulated queue pair.
 pub type SimQp = emu_device::Qp<SimDevice>;
+/// A memory window of an emulated device.
+pub type SimMw = emu_device::Mw<SimDevice>;
 
 impl PumpNode for DeviceState {
     fn parts(&mut self) -> (&mut Hca, &DeviceMemory, SocketAddr) {

@@ -125,7 +125,7 @@ mod socket;
 pub use fault::UNKNOWN_NODE;
 pub use provider::{
     DEFAULT_ADDR, DEFAULT_SOCKET_BUFFER, UdpBuilder, UdpChannel, UdpContext, UdpCq, UdpDevice,
-    UdpMr, UdpPd, UdpProvider, UdpQp, UdpSrq,
+    UdpMr, UdpMw, UdpPd, UdpProvider, UdpQp, UdpSrq,
 };
 pub use runtime::{DriverStats, POLL_HANDOFF, RX_BATCH, TX_BATCH};
 pub use socket::SocketInfo;

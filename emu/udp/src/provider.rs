@@ -49,6 +49,8 @@ pub type UdpSrq = emu_device::Srq<UdpDevice>;
 /// directly follows another `post_send` on the device (then the progress thread, or the
 /// application thread's next poll, sends the burst in batches).
 pub type UdpQp = emu_device::Qp<UdpDevice>;
+/// A memory window of a UDP device.
+pub type UdpMw = emu_device::Mw<UdpDevice>;
 
 /// Longest [`emu_device::Cq::next_completion`] waits for a UDP device.
 const NEXT_COMPLETION_WAIT: Duration = Duration::from_secs(60);

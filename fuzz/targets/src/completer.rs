@@ -703,7 +703,10 @@ impl Completer {
         };
         let last = matches!(pos, Position::Last | Position::Only);
         match w.op {
-            SendOp::Send | SendOp::SendWithImm { .. } => {
+            SendOp::BindMw { .. } | SendOp::LocalInv { .. } => {
+                panic!("{op:?} for a local operation, which sends nothing: {w:?}")
+            }
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
                 assert!(
                     op.is_send() && op.position() == Some(pos),
                     "{op:?} for {w:?}"
@@ -831,7 +834,11 @@ impl Completer {
             w.wr_id
         );
         let want_op = match w.op {
-            SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
+                WcOpcode::Send
+            }
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
             SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,

@@ -636,7 +636,9 @@ impl Pair {
 
 fn send_opcode(op: &SendOp) -> WcOpcode {
     match op {
-        SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
+        SendOp::BindMw { .. } => WcOpcode::BindMw,
+        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
         SendOp::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,

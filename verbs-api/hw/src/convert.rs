@@ -6,8 +6,9 @@
 use std::ffi::CStr;
 
 use verbs_api::{
-    AsyncEvent, AsyncEventKind, AtomicCap, DeviceAttr, Error, ErrorKind, EventElement, LinkLayer,
-    Mtu, PortAttr, PortState, QpAttr, QpState, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AsyncEvent, AsyncEventKind, AtomicCap, DeviceAttr, DeviceCapFlags, Error, ErrorKind,
+    EventElement, LinkLayer, Mtu, PortAttr, PortState, QpAttr, QpState, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
 use crate::ffi::safe::{RawElement, RawEvent};
@@ -81,6 +82,8 @@ pub(crate) fn device_attr(a: &ibv_device_attr) -> DeviceAttr {
             2 => AtomicCap::Global,
             _ => AtomicCap::None,
         },
+        max_mw: count(a.max_mw),
+        device_cap_flags: DeviceCapFlags::from_bits_retain(a.device_cap_flags),
     }
 }
 
@@ -147,16 +150,20 @@ pub(crate) fn wc(w: &ibv_wc) -> WorkCompletion {
         129 => WcOpcode::RecvRdmaWithImm,
         _ => WcOpcode::Send,
     };
+    let flags = WcFlags::from_bits_retain(w.wc_flags);
+    // `imm_data` and `invalidated_rkey` share a slot: network order for one, host for the other.
+    let inv = flags.contains(WcFlags::WITH_INV);
     WorkCompletion {
         wr_id: w.wr_id,
         status: WcStatus::from_raw(w.status).unwrap_or(WcStatus::GeneralErr),
         opcode,
         vendor_err: w.vendor_err,
         byte_len: w.byte_len,
-        imm_data: u32::from_be(w.imm_data),
+        imm_data: if inv { 0 } else { u32::from_be(w.imm_data) },
+        invalidated_rkey: if inv { w.imm_data } else { 0 },
         qp_num: w.qp_num,
         src_qp: w.src_qp,
-        wc_flags: WcFlags::from_bits_retain(w.wc_flags),
+        wc_flags: flags,
         pkey_index: w.pkey_index,
         slid: w.slid,
         sl: w.sl,

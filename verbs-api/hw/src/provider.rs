@@ -19,18 +19,19 @@ use std::time::{Duration, Instant};
 
 use verbs_api::{
     AccessFlags, AddressHandle, AhAttr, AsyncEvent, CompletionChannel, CompletionQueue, Context,
-    Device, DeviceAttr, Endpoint, Error, ErrorKind, Gid, MAX_24BIT, MemoryRegion, PortAttr,
-    PostError, ProtectionDomain, Provider, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType,
-    QueuePair, ROCE_V2_UDP_PORT, RecvWr, Result, SendWr, SharedReceiveQueue, SrqAttr,
-    WorkCompletion,
+    Device, DeviceAttr, Endpoint, Error, ErrorKind, Gid, MAX_24BIT, MemoryRegion, MemoryWindow,
+    MwBind, MwType, PortAttr, PostError, ProtectionDomain, Provider, QpAttr, QpAttrMask,
+    QpInitAttr, QpState, QpType, QueuePair, ROCE_V2_UDP_PORT, RecvWr, Result, SendWr,
+    SharedReceiveQueue, SrqAttr, WorkCompletion,
 };
 
 use crate::convert::{self, errno_error};
 use crate::ffi::loader;
 use crate::ffi::safe::{
-    DeviceList, RawAh, RawChannel, RawContext, RawCq, RawMr, RawPd, RawQp, RawSrq, wait_readable,
+    DeviceList, RawAh, RawChannel, RawContext, RawCq, RawMr, RawMw, RawPd, RawQp, RawSrq,
+    WrObjects, wait_readable,
 };
-use crate::ffi::sys::{ibv_srq_attr, ibv_wc};
+use crate::ffi::sys::{ibv_mr, ibv_mw, ibv_mw_bind, ibv_mw_bind_info, ibv_srq_attr, ibv_wc};
 use mr_region::Region;
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -185,6 +186,8 @@ impl Device for HwDevice {
             contract: !self.raw,
             next_handle: AtomicU32::new(1),
             ahs: RwLock::new(HashMap::new()),
+            mws: RwLock::new(HashMap::new()),
+            mrs: RwLock::new(HashMap::new()),
         })))
     }
 }
@@ -255,6 +258,11 @@ struct CtxInner {
     next_handle: AtomicU32,
     /// Live address handles by handle number: what a UD work request's `ah` names.
     ahs: RwLock<HashMap<u32, Arc<RawAh>>>,
+    /// Live memory windows by handle number: what a BIND_MW work request's `mw` names.
+    mws: RwLock<HashMap<u32, Arc<RawMw>>>,
+    /// Live MRs' `ibv_mr` addresses by lkey: what a bind's `mr` names. An MR leaves the table
+    /// (under its write lock) before it is deregistered.
+    mrs: RwLock<HashMap<u32, usize>>,
 }
 
 impl CtxInner {
@@ -311,7 +319,9 @@ impl HwContext {
             .map_err(|e| errno_error("ibv_reg_mr", e))?;
         let (lkey, rkey) = raw.keys();
         let addr = raw.region().as_ptr().addr() as u64;
+        write(&self.0.mrs).insert(lkey, raw.as_ptr().expose_provenance());
         Ok(HwMr(Arc::new(MrInner {
+            ctx: self.0.clone(),
             lkey,
             rkey,
             addr,
@@ -343,6 +353,7 @@ impl Context for HwContext {
     type Srq = HwSrq;
     type Qp = HwQp;
     type Ah = HwAh;
+    type Mw = HwMw;
 
     fn device_name(&self) -> String {
         self.0.name.clone()
@@ -582,6 +593,52 @@ impl Context for HwContext {
             }
         }
     }
+
+    fn alloc_mw(&self, pd: &HwPd, mw_type: MwType) -> Result<HwMw> {
+        let pd = self.own_pd(pd)?;
+        let raw_pd = pd.live()?;
+        let raw = raw_pd
+            .alloc_mw(mw_type.raw())
+            .map_err(|e| errno_error("ibv_alloc_mw", e))?;
+        let handle = self.0.handle();
+        write(&self.0.mws).insert(handle, Arc::new(raw));
+        Ok(HwMw(Arc::new(MwInner {
+            ctx: self.0.clone(),
+            handle,
+            mw_type,
+            _pd: raw_pd,
+        })))
+    }
+
+    fn bind_mw(&self, qp: &HwQp, mw: &HwMw, bind: &MwBind) -> Result<u32> {
+        if qp.0.ctx.id != self.0.id || mw.0.ctx.id != self.0.id {
+            return Err(foreign("QP or MW"));
+        }
+        let guard = read(&qp.0.raw);
+        let raw_qp = guard.as_ref().ok_or_else(|| destroyed("QP"))?;
+        let raw_mw = mw.live()?;
+        // The read lock keeps the MR registered across the bind.
+        let mrs = read(&self.0.mrs);
+        // An unbind (length 0) may name no MR; rdma-core then wants NULL.
+        let mr = match mr_ptr(&mrs, bind.mr) {
+            Some(p) => p,
+            None if bind.length == 0 => std::ptr::null_mut(),
+            None => return Err(Error::invalid("no such MR (bind.mr)")),
+        };
+        let raw_bind = ibv_mw_bind {
+            wr_id: bind.wr_id,
+            send_flags: bind.flags.bits(),
+            bind_info: ibv_mw_bind_info {
+                mr,
+                addr: bind.addr,
+                length: bind.length,
+                mw_access_flags: bind.access.bits(),
+            },
+        };
+        raw_qp
+            .bind_mw(&raw_mw, &raw_bind)
+            .map_err(|e| errno_error("ibv_bind_mw", e))
+    }
 }
 
 // ---- AH -----------------------------------------------------------------------------------
@@ -701,6 +758,7 @@ impl ProtectionDomain for HwPd {
 }
 
 struct MrInner {
+    ctx: Arc<CtxInner>,
     lkey: u32,
     rkey: u32,
     addr: u64,
@@ -773,11 +831,116 @@ impl MemoryRegion for HwMr {
     fn destroy(&self) -> Result<()> {
         let mut guard = write(&self.0.raw);
         let raw = guard.take().ok_or_else(|| destroyed("MR"))?;
+        let mut table = write(&self.0.ctx.mrs);
+        let entry = table.remove(&self.0.lkey);
         raw.destroy().map_err(|(raw, e)| {
+            if let Some(p) = entry {
+                table.insert(self.0.lkey, p);
+            }
             *guard = Some(raw);
             errno_error("ibv_dereg_mr", e)
         })
     }
+}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        // The last handle: the registration goes with `raw` right after this.
+        if read(&self.raw).is_some() {
+            write(&self.ctx.mrs).remove(&self.lkey);
+        }
+    }
+}
+
+// ---- MW -----------------------------------------------------------------------------------
+
+struct MwInner {
+    ctx: Arc<CtxInner>,
+    handle: u32,
+    mw_type: MwType,
+    /// Keeps the PD's `Arc` count up (its `destroy` is `Busy`) while the window lives.
+    _pd: Arc<RawPd>,
+}
+
+impl Drop for MwInner {
+    fn drop(&mut self) {
+        // The context's table holds the window; dropping it there deallocates it.
+        write(&self.ctx.mws).remove(&self.handle);
+    }
+}
+
+/// A memory window (`ibv_mw`); cheap to clone. BIND_MW work requests name it by
+/// [`MemoryWindow::handle`], resolved in its context's table at post time.
+#[derive(Clone)]
+pub struct HwMw(Arc<MwInner>);
+
+impl std::fmt::Debug for HwMw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HwMw({}, {:?})", self.0.handle, self.0.mw_type)
+    }
+}
+
+impl HwMw {
+    fn live(&self) -> Result<Arc<RawMw>> {
+        read(&self.0.ctx.mws)
+            .get(&self.0.handle)
+            .cloned()
+            .ok_or_else(|| destroyed("MW"))
+    }
+}
+
+impl MemoryWindow for HwMw {
+    fn handle(&self) -> u32 {
+        self.0.handle
+    }
+
+    fn mw_type(&self) -> MwType {
+        self.0.mw_type
+    }
+
+    fn rkey(&self) -> u32 {
+        self.live().map_or(0, |mw| mw.rkey())
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let mut table = write(&self.0.ctx.mws);
+        let raw = table
+            .remove(&self.0.handle)
+            .ok_or_else(|| destroyed("MW"))?;
+        match Arc::try_unwrap(raw) {
+            Ok(raw) => raw.destroy().map_err(|(raw, e)| {
+                table.insert(self.0.handle, Arc::new(raw));
+                errno_error("ibv_dealloc_mw", e)
+            }),
+            Err(raw) => {
+                table.insert(self.0.handle, raw);
+                Err(Error::busy("the MW is in use"))
+            }
+        }
+    }
+}
+
+/// The `ibv_mr` of live MR `lkey` in `mrs`, if any.
+fn mr_ptr(mrs: &HashMap<u32, usize>, lkey: u32) -> Option<*mut ibv_mr> {
+    mrs.get(&lkey)
+        .map(|p| std::ptr::with_exposed_provenance_mut(*p))
+}
+
+/// After BIND_MW requests were posted: each window's `ibv_mw.rkey` takes the key its bind named
+/// (the contract of [`MemoryWindow::rkey`]; rxe names a window by it in the next bind).
+fn record_bound_keys(mws: &HashMap<u32, Arc<RawMw>>, posted: &[SendWr<'_>]) {
+    for w in posted {
+        if let verbs_api::SendOp::BindMw { mw, rkey, .. } = w.op {
+            if let Some(m) = mws.get(&mw) {
+                m.set_rkey(rkey);
+            }
+        }
+    }
+}
+
+/// The `ibv_mw` of live window `handle` in `mws`, if any.
+fn mw_ptr(mws: &HashMap<u32, Arc<RawMw>>, handle: u32) -> Option<*mut ibv_mw> {
+    mws.get(&handle).map(|m| m.as_ptr())
 }
 
 // ---- completion channel and CQ -----------------------------------------------------------
@@ -1244,10 +1407,19 @@ impl QueuePair for HwQp {
                 ));
             }
         }
-        // The read lock keeps every AH named by the chain alive across the post.
+        // The read locks keep every AH, window and MR named by the chain alive across the post.
         let ahs = read(&self.0.ctx.ahs);
-        qp.post_send(wrs, &|h| ahs.get(&h).map(|a| a.as_ptr()))
-            .map_err(|e| post_error("ibv_post_send", e))
+        let mws = read(&self.0.ctx.mws);
+        let mrs = read(&self.0.ctx.mrs);
+        let objs = WrObjects {
+            ah: &|h| ahs.get(&h).map(|a| a.as_ptr()),
+            mw: &|h| mw_ptr(&mws, h),
+            mr: &|k| mr_ptr(&mrs, k),
+        };
+        let posted = qp.post_send(wrs, &objs);
+        let n = posted.map_or_else(|(i, _)| i, |()| wrs.len());
+        record_bound_keys(&mws, &wrs[..n]);
+        posted.map_err(|e| post_error("ibv_post_send", e))
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {

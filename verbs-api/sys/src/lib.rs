@@ -55,13 +55,112 @@ pub type PostSendFn =
 pub type PostRecvFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 
+/// `ops.alloc_mw(pd, type)`.
+pub type AllocMwFn = unsafe extern "C" fn(*mut ibv_pd, c_uint) -> *mut ibv_mw;
+/// `ops.bind_mw(qp, mw, mw_bind)`.
+pub type BindMwFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+/// `ops.dealloc_mw(mw)`.
+pub type DeallocMwFn = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
+
+/// `struct ibv_mw` (32 bytes): a memory window.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`: 1 or 2.
+    pub mw_type: c_uint,
+}
+
+/// `struct ibv_mw_bind_info` (32 bytes): what a bind covers; also the last 32 bytes of an
+/// `ibv_send_wr`'s `bind_mw`.
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+
+/// `struct ibv_mw_bind` (48 bytes): the argument of `ibv_bind_mw`.
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of an `ibv_send_wr`'s trailing union (48 bytes).
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+impl ibv_send_wr_bind_mw {
+    /// The six words of [`ibv_send_wr::bind_mw_or_tso`] holding this member (pointers as
+    /// addresses; `rkey` and `mw_access_flags` in their word as a C compiler lays them out).
+    pub fn to_words(&self) -> [u64; 6] {
+        [
+            self.mw.addr() as u64,
+            u32_word(self.rkey),
+            self.bind_info.mr.addr() as u64,
+            self.bind_info.addr,
+            self.bind_info.length,
+            u32_word(self.bind_info.mw_access_flags),
+        ]
+    }
+
+    /// The member held by the six words of [`ibv_send_wr::bind_mw_or_tso`] (the pointers
+    /// exposed again from their addresses).
+    pub fn from_words(w: &[u64; 6]) -> ibv_send_wr_bind_mw {
+        ibv_send_wr_bind_mw {
+            mw: std::ptr::with_exposed_provenance_mut(w[0] as usize),
+            rkey: word_u32(w[1]),
+            bind_info: ibv_mw_bind_info {
+                mr: std::ptr::with_exposed_provenance_mut(w[2] as usize),
+                addr: w[3],
+                length: w[4],
+                mw_access_flags: word_u32(w[5]),
+            },
+        }
+    }
+}
+
+/// A `u32` at the start of an 8-byte word, as the word reads.
+fn u32_word(v: u32) -> u64 {
+    if cfg!(target_endian = "little") {
+        u64::from(v)
+    } else {
+        u64::from(v) << 32
+    }
+}
+
+/// The `u32` at the start of an 8-byte word.
+fn word_u32(w: u64) -> u32 {
+    if cfg!(target_endian = "little") {
+        w as u32
+    } else {
+        (w >> 32) as u32
+    }
+}
+
 /// `struct ibv_context_ops` (32 pointers, 256 bytes): the classic dispatch table the
 /// header-inline data-path calls go through. Members this backend does not call are opaque.
 #[repr(C)]
 pub struct ibv_context_ops {
-    /// `_compat_query_device` … `_compat_dereg_mr` (7), `alloc_mw`, `bind_mw`, `dealloc_mw`,
+    /// `_compat_query_device` … `_compat_dereg_mr` (7).
+    pub _before_alloc_mw: [*mut c_void; 7],
+    pub alloc_mw: Option<AllocMwFn>,
+    pub bind_mw: Option<BindMwFn>,
+    pub dealloc_mw: Option<DeallocMwFn>,
     /// `_compat_create_cq`.
-    pub _before_poll_cq: [*mut c_void; 11],
+    pub _compat_create_cq: *mut c_void,
     pub poll_cq: Option<PollCqFn>,
     pub req_notify_cq: Option<ReqNotifyCqFn>,
     /// `_compat_cq_event` … `_compat_destroy_srq` (7).
@@ -310,8 +409,10 @@ pub union ibv_send_wr_wr {
     pub ud: ibv_send_wr_ud,
 }
 
-/// `struct ibv_send_wr` (128 bytes). `imm_data` is in network byte order; the trailing
-/// `bind_mw`/`tso` union (48 bytes) is never used by RC sends and is kept zeroed.
+/// `struct ibv_send_wr` (128 bytes). `imm_data` is in network byte order, except for
+/// LOCAL_INV and SEND_WITH_INV, where the same slot is `invalidate_rkey` in host order; the
+/// trailing `bind_mw`/`tso` union (48 bytes) holds a BIND_MW's [`ibv_send_wr_bind_mw`] (see
+/// its `to_words`) and is zero otherwise.
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct ibv_send_wr {
@@ -626,8 +727,9 @@ pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// The `ibv_qp_create_send_ops_flags` an RC QP of softverbs offers: RDMA_WRITE(_WITH_IMM),
-/// SEND(_WITH_IMM), RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD.
-pub const IBV_QP_EX_RC_OPS: u64 = 0x7f;
+/// SEND(_WITH_IMM), RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD, LOCAL_INV, BIND_MW,
+/// SEND_WITH_INV.
+pub const IBV_QP_EX_RC_OPS: u64 = 0x3ff;
 
 /// `struct ibv_cq_init_attr_ex` (56 bytes).
 #[repr(C)]
@@ -868,6 +970,10 @@ mod tests {
         assert_eq!(offset_of!(ibv_port_attr, link_layer), 46);
         assert_eq!(offset_of!(ibv_port_attr, active_speed_ex), 52);
         assert_eq!(size_of::<ibv_port_attr>(), 56);
+        assert_eq!(size_of::<ibv_mw>(), 32);
+        assert_eq!(size_of::<ibv_mw_bind_info>(), 32);
+        assert_eq!(size_of::<ibv_mw_bind>(), 48);
+        assert_eq!(size_of::<ibv_send_wr_bind_mw>(), 48);
     }
 
     /// Offsets of the members read or written, as rdma-core 44 compiles them.
@@ -876,6 +982,11 @@ mod tests {
         assert_eq!(offset_of!(ibv_device, name), 24);
         assert_eq!(offset_of!(ibv_context, ops), 8);
         assert_eq!(offset_of!(ibv_context, async_fd), 268);
+        assert_eq!(offset_of!(ibv_context_ops, alloc_mw), 56);
+        assert_eq!(offset_of!(ibv_context_ops, dealloc_mw), 72);
+        assert_eq!(offset_of!(ibv_mw, mw_type), 24);
+        assert_eq!(offset_of!(ibv_mw_bind, bind_info), 16);
+        assert_eq!(offset_of!(ibv_send_wr_bind_mw, bind_info), 16);
         assert_eq!(offset_of!(ibv_context_ops, poll_cq), 88);
         assert_eq!(offset_of!(ibv_context_ops, req_notify_cq), 96);
         assert_eq!(offset_of!(ibv_context_ops, post_srq_recv), 160);

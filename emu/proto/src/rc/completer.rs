@@ -112,6 +112,11 @@ fn ack_through(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn) {
         if !t.started || t.error.is_some() {
             break;
         }
+        if head.op.is_local() {
+            // Carried out when the requester reached it; it completes in order.
+            complete_head(qp, ctx, WcStatus::Success);
+            continue;
+        }
         if head.op.is_read_or_atomic() {
             // Everything before the READ/atomic is acknowledged; comp_psn never moves back
             // (it may already be inside a partly answered READ).
@@ -196,11 +201,17 @@ pub(crate) fn complete_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
 }
 
 /// Completes a head WQE the requester marked with a local error (in order, once every WQE
-/// before it completed).
+/// before it completed), and head local operations (BIND_MW, LOCAL_INV) it carried out.
 pub(crate) fn complete_head_errors(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
-    match qp.sq.front().and_then(|w| w.tx.error) {
-        Some(status) => fail_head(qp, ctx, status),
-        None => Disposition::Done,
+    loop {
+        match qp.sq.front().map(|w| (w.tx, w.op.is_local())) {
+            Some((t, _)) if t.error.is_some() => {
+                let status = t.error.unwrap_or(WcStatus::LocQpOpErr);
+                return fail_head(qp, ctx, status);
+            }
+            Some((t, true)) if t.started => complete_head(qp, ctx, WcStatus::Success),
+            _ => return Disposition::Done,
+        }
     }
 }
 
@@ -218,6 +229,9 @@ pub(crate) fn wc_opcode(wqe: &SendWqe) -> WcOpcode {
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
         SendOp::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
         SendOp::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::SendWithInv { .. } => WcOpcode::Send,
+        SendOp::BindMw { .. } => WcOpcode::BindMw,
+        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
     }
 }
 

@@ -6,8 +6,11 @@
 //! completions and timer deadlines. The HCA (`crate::hca`) routes packets to QPs, drains
 //! transmits and keeps the timer index.
 //!
-//! UC (`crate::uc`) reuses the requester and the responder's SEND/WRITE execution. It is not
-//! a general IB transport: UD, RD, memory windows, credits (rxe ignores them too;
+//! UC (`crate::uc`) reuses the requester and the responder's SEND/WRITE execution. Memory
+//! windows are bound and invalidated here (BIND_MW, LOCAL_INV at the requester,
+//! SEND_WITH_INV at the responder) through `crate::mw`.
+//!
+//! It is not a general IB transport: UD, RD, credits (rxe ignores them too;
 //! we always advertise unlimited credits, §1.5) and automatic path migration are out of scope.
 
 pub(crate) mod completer;
@@ -54,6 +57,8 @@ pub(crate) fn ack_timeout(timeout: u8) -> Option<Duration> {
 pub(crate) struct Ctx<'a> {
     pub(crate) now: Instant,
     pub(crate) mrs: &'a Table<MrInfo>,
+    /// Memory windows: remote keys resolve through them; BIND_MW and invalidations change them.
+    pub(crate) mws: &'a mut Table<crate::mw::MwEntry>,
     pub(crate) srqs: &'a mut Table<SrqEntry>,
     pub(crate) mem: &'a dyn Memory,
     /// Completions to push, in order: (CQ, completion, solicited).
@@ -86,6 +91,24 @@ impl Ctx<'_> {
         let offset = va.checked_sub(mr.iova)?;
         let end = offset.checked_add(len)?;
         (end <= mr.length).then_some((key, offset))
+    }
+
+    /// As [`resolve`](Self::resolve) for an R_Key a peer sent to QP `qpn`: an MR key resolves
+    /// as an MR's, a window key through its window (`crate::mw::resolve`).
+    pub(crate) fn resolve_remote(
+        &self,
+        key: u32,
+        pd: PdId,
+        qpn: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Option<(u32, u64)> {
+        if crate::mw::is_window_key(key) {
+            crate::mw::resolve(self.mws, key, pd, qpn, va, len, need)
+        } else {
+            self.resolve(key, pd, va, len, need)
+        }
     }
 }
 
@@ -185,6 +208,8 @@ pub(crate) enum InMsg {
     },
     /// An RDMA WRITE: the target and the bytes still expected.
     Write {
+        /// The R_Key the request named (an MR's or a window's), re-checked on every packet.
+        rkey: u32,
         key: u32,
         offset: u64,
         remaining: u64,

@@ -14,7 +14,9 @@ use super::tx::{self, TxError};
 use super::{Ctx, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, ack_timeout, packets};
 use crate::memory::MemoryFault;
 use crate::qp::Qp;
-use crate::wire::{AtomicEthRepr, BthRepr, ImmDtRepr, Opcode, PacketRepr, Position, RethRepr};
+use crate::wire::{
+    AtomicEthRepr, BthRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Position, RethRepr,
+};
 
 /// Builds the next request packet of `qp` into `buf` and returns its length, or `None` when
 /// nothing may be sent now (empty queue, limits, window, RNR wait, state).
@@ -37,6 +39,12 @@ pub(crate) fn next_packet(
         if !wqe.tx.started {
             if state == QpState::Sqd {
                 return None;
+            }
+            if wqe.op.is_local() {
+                if !start_local(qp, ctx, idx) {
+                    return None;
+                }
+                continue;
             }
             if !start(qp, ctx, idx) {
                 return None;
@@ -129,6 +137,53 @@ fn start(qp: &mut Qp, ctx: &Ctx<'_>, idx: usize) -> bool {
     };
     if rd && error.is_none() {
         qp.rc.rd_atomic_outstanding += 1;
+    }
+    true
+}
+
+/// Carries out local operation WQE `idx` (BIND_MW, LOCAL_INV) when the requester reaches it,
+/// in order with the packets around it (a FENCE waits for earlier READs and atomics, §3.3). It
+/// takes no PSN; the completer retires it in order (`completer::complete_head_errors`). A
+/// failed bind is `MW_BIND_ERR`, a failed invalidation `LOC_QP_OP_ERR` (rxe's statuses).
+fn start_local(qp: &mut Qp, ctx: &mut Ctx<'_>, idx: usize) -> bool {
+    let Some(wqe) = qp.sq.get(idx) else {
+        return false;
+    };
+    if wqe.flags.contains(SendFlags::FENCE) && qp.rc.rd_atomic_outstanding > 0 {
+        return false;
+    }
+    let error = match wqe.op {
+        SendOp::BindMw {
+            mw,
+            rkey,
+            mr,
+            addr,
+            length,
+            access,
+        } => {
+            let args = crate::mw::BindArgs {
+                mw,
+                rkey,
+                mr,
+                addr,
+                length,
+                access,
+            };
+            crate::mw::bind(ctx.mws, ctx.mrs, qp.qpn, qp.pd, &args).err()
+        }
+        SendOp::LocalInv { rkey } => {
+            (!crate::mw::invalidate(ctx.mws, rkey, qp.pd)).then_some(WcStatus::LocQpOpErr)
+        }
+        _ => Some(WcStatus::LocQpOpErr),
+    };
+    let first_psn = qp.rc.req_psn;
+    if let Some(wqe) = qp.sq.get_mut(idx) {
+        wqe.tx = crate::qp::WqeTx {
+            started: true,
+            first_psn,
+            error,
+            ..crate::qp::WqeTx::default()
+        };
     }
     true
 }
@@ -311,6 +366,11 @@ fn build(
             if let Some(imm) = op.imm().filter(|_| last) {
                 hdrs.immdt = Some(ImmDtRepr { imm });
             }
+            if let SendOp::SendWithInv { invalidate_rkey } = op {
+                hdrs.ieth = last.then_some(IethRepr {
+                    rkey: invalidate_rkey,
+                });
+            }
             let inline = wqe.flags.contains(SendFlags::INLINE);
             let len = tx::emit_as(&hdrs, transport, n, &ip, buf, |out| {
                 if inline {
@@ -386,6 +446,13 @@ fn request_opcode(op: &SendOp, pos: Position) -> Opcode {
         op,
         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }
     );
+    if matches!(op, SendOp::SendWithInv { .. }) {
+        match pos {
+            Position::Last => return SendLastWithInvalidate,
+            Position::Only => return SendOnlyWithInvalidate,
+            _ => {}
+        }
+    }
     match (write, pos, imm) {
         (false, Position::First, _) => SendFirst,
         (false, Position::Middle, _) => SendMiddle,

@@ -343,11 +343,14 @@ pub(crate) fn send(
     *placed += n;
     qp.rc.stats.rcvd_bytes += n;
     if matches!(pos, Position::Last | Position::Only) {
+        let Ok(invalidated) = remote_invalidate(qp, ctx, pkt) else {
+            return Ok(invalidate_failed(qp, ctx, pkt));
+        };
         let InMsg::Send { wqe, placed, .. } = std::mem::take(&mut qp.rc.msg) else {
             return Err(reject(NakCode::InvalidRequest));
         };
         let imm = pkt.immdt.map(|i| i.imm);
-        let wc = WorkCompletion {
+        let mut wc = WorkCompletion {
             wr_id: wqe.wr_id,
             status: WcStatus::Success,
             opcode: WcOpcode::Recv,
@@ -362,10 +365,37 @@ pub(crate) fn send(
             src_qp: qp.attr.dest_qp_num,
             ..WorkCompletion::default()
         };
+        if let Some(rkey) = invalidated {
+            wc.wc_flags |= WcFlags::WITH_INV;
+            wc.invalidated_rkey = rkey;
+        }
         ctx.wcs.push((qp.recv_cq, wc, pkt.bth.solicited));
         qp.rc.msn = qp.rc.msn.wrapping_add(1) & 0xFF_FFFF;
     }
     Ok(Disposition::Accepted)
+}
+
+/// The invalidation a SEND_*_WITH_INVALIDATE asks for at its last packet (IBTA §9.4.1.5,
+/// o10-37.2.x): the type 2 window of the QP's PD whose R_Key the IETH names is unbound, and its
+/// key is reported. `Err` if the key names no such window (see [`invalidate_failed`]).
+fn remote_invalidate(qp: &Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Result<Option<u32>, ()> {
+    match pkt.ieth {
+        None => Ok(None),
+        Some(ieth) if crate::mw::invalidate(ctx.mws, ieth.rkey, qp.pd) => Ok(Some(ieth.rkey)),
+        Some(_) => Err(()),
+    }
+}
+
+/// A SEND_WITH_INV whose R_Key could not be invalidated (rxe's class J,
+/// `RESPST_ERR_INVALIDATE_RKEY`): the message is acknowledged — the requester's WR succeeds —
+/// but its receive WQE completes with `REM_INV_REQ_ERR` and the QP enters ERR.
+fn invalidate_failed(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
+    if let InMsg::Send { wqe, .. } = std::mem::take(&mut qp.rc.msg) {
+        let wc = recv_error(qp, &wqe, WcStatus::RemInvReqErr);
+        ctx.wcs.push((qp.recv_cq, wc, false));
+    }
+    accept(qp, pkt.bth.ack_req, pkt.bth.psn);
+    Disposition::Fatal
 }
 
 /// Executes one RDMA WRITE packet (any position): resolves the R_Key on FIRST/ONLY, writes
@@ -399,9 +429,10 @@ pub(crate) fn write(
         let (key, offset) = if reth.dma_len == 0 {
             (0, 0)
         } else {
-            ctx.resolve(
+            ctx.resolve_remote(
                 reth.rkey,
                 qp.pd,
+                qp.qpn,
                 reth.va,
                 u64::from(reth.dma_len),
                 AccessFlags::REMOTE_WRITE,
@@ -409,6 +440,7 @@ pub(crate) fn write(
             .ok_or_else(|| reject(NakCode::RemoteAccessError))?
         };
         qp.rc.msg = InMsg::Write {
+            rkey: reth.rkey,
             key,
             offset,
             remaining: u64::from(reth.dma_len),
@@ -417,6 +449,7 @@ pub(crate) fn write(
     }
     let pd = qp.pd;
     let InMsg::Write {
+        rkey,
         key,
         offset,
         remaining,
@@ -433,8 +466,9 @@ pub(crate) fn write(
     // registered: once deregistered, its key is stale and its index may already name another
     // MR, which drivers that map memory by key index (emu-sim) would write into. As for an MR
     // gone mid-READ, that is an R_Key violation (class C).
-    if n != 0 && (ctx.mr(*key, pd).is_none() || ctx.mem.write(*key, *offset, pkt.payload).is_err())
-    {
+    // A window invalidated since FIRST no longer grants the rest of the message either.
+    let gone = ctx.mr(*key, pd).is_none() || !crate::mw::still_bound(ctx.mws, *rkey, *key);
+    if n != 0 && (gone || ctx.mem.write(*key, *offset, pkt.payload).is_err()) {
         return Err(reject(NakCode::RemoteAccessError));
     }
     *offset += n;
@@ -487,9 +521,10 @@ fn read_request(
     }
     if reth.dma_len != 0
         && ctx
-            .resolve(
+            .resolve_remote(
                 reth.rkey,
                 qp.pd,
+                qp.qpn,
                 reth.va,
                 u64::from(reth.dma_len),
                 AccessFlags::REMOTE_READ,
@@ -536,7 +571,14 @@ fn atomic(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Result<Dispos
         return Err(reject(NakCode::InvalidRequest));
     }
     let (key, offset) = ctx
-        .resolve(eth.rkey, qp.pd, eth.va, 8, AccessFlags::REMOTE_ATOMIC)
+        .resolve_remote(
+            eth.rkey,
+            qp.pd,
+            qp.qpn,
+            eth.va,
+            8,
+            AccessFlags::REMOTE_ATOMIC,
+        )
         .ok_or_else(|| reject(NakCode::RemoteAccessError))?;
     let op = if pkt.bth.opcode == Opcode::CompareSwap {
         AtomicOp::CompareSwap {
@@ -711,9 +753,10 @@ pub(crate) fn next_packet(
             let target = if n == 0 {
                 Some((0, 0))
             } else {
-                ctx.resolve(
+                ctx.resolve_remote(
                     rkey,
                     qp.pd,
+                    qp.qpn,
                     va.wrapping_add(offset),
                     n,
                     AccessFlags::REMOTE_READ,

@@ -65,7 +65,7 @@ macro_rules! thread_safe {
 }
 
 thread_safe!(
-    DeviceList, RawContext, RawPd, RawMr, RawChannel, RawCq, RawSrq, RawQp, RawAh
+    DeviceList, RawContext, RawPd, RawMr, RawChannel, RawCq, RawSrq, RawQp, RawAh, RawMw
 );
 
 // ---- devices ----------------------------------------------------------------------------
@@ -557,6 +557,11 @@ pub(crate) struct RawMr {
 }
 
 impl RawMr {
+    /// The `ibv_mr` pointer a BIND_MW work request carries.
+    pub(crate) fn as_ptr(&self) -> *mut ibv_mr {
+        self.ptr.as_ptr()
+    }
+
     /// `(lkey, rkey)`.
     pub(crate) fn keys(&self) -> (u32, u32) {
         // SAFETY: live MR; the keys are set at registration and never change.
@@ -845,7 +850,18 @@ fn link<T>(v: &mut [T], mut set: impl FnMut(&mut T, *mut T)) {
     }
 }
 
-fn send_wr_raw(w: &SendWr<'_>) -> ibv_send_wr {
+/// Resolves the handle numbers a work request names to live libibverbs objects; the caller
+/// keeps them alive across the post.
+pub(crate) struct WrObjects<'a> {
+    /// A UD destination's AH handle → its `ibv_ah`.
+    pub(crate) ah: &'a dyn Fn(u32) -> Option<*mut c_void>,
+    /// A BIND_MW's window handle → its `ibv_mw`.
+    pub(crate) mw: &'a dyn Fn(u32) -> Option<*mut ibv_mw>,
+    /// A BIND_MW's MR lkey → its `ibv_mr`.
+    pub(crate) mr: &'a dyn Fn(u32) -> Option<*mut ibv_mr>,
+}
+
+fn send_wr_raw(w: &SendWr<'_>, objs: &WrObjects<'_>) -> Result<ibv_send_wr, i32> {
     let mut wr = ibv_send_wr {
         wr_id: w.wr_id,
         next: ptr::null_mut(),
@@ -894,8 +910,38 @@ fn send_wr_raw(w: &SendWr<'_>) -> ibv_send_wr {
                 rkey,
             };
         }
+        // `invalidate_rkey` shares the `imm_data` slot, in host order.
+        SendOp::LocalInv { rkey: key }
+        | SendOp::SendWithInv {
+            invalidate_rkey: key,
+        } => wr.imm_data = key,
+        SendOp::BindMw {
+            mw,
+            rkey,
+            mr,
+            addr,
+            length,
+            access,
+        } => {
+            let bind = ibv_send_wr_bind_mw {
+                mw: (objs.mw)(mw).ok_or(EINVAL)?,
+                rkey,
+                bind_info: ibv_mw_bind_info {
+                    // An unbind may name no MR (rdma-core allows NULL with length 0).
+                    mr: match (objs.mr)(mr) {
+                        Some(p) => p,
+                        None if length == 0 => ptr::null_mut(),
+                        None => return Err(EINVAL),
+                    },
+                    addr,
+                    length,
+                    mw_access_flags: access.bits(),
+                },
+            };
+            wr.bind_mw_or_tso = bind.to_words();
+        }
     }
-    wr
+    Ok(wr)
 }
 
 /// Send work requests in libibverbs' form. Inline payloads become one SGE pointing at the
@@ -906,11 +952,9 @@ struct SendChain {
 }
 
 impl SendChain {
-    /// `ah` maps a UD destination's AH handle to its `ibv_ah` pointer (`None`: no such AH).
-    fn new(
-        wrs: &[SendWr<'_>],
-        ah: &dyn Fn(u32) -> Option<*mut c_void>,
-    ) -> Result<SendChain, (usize, i32)> {
+    /// `objs` maps the AH, MW and MR handles the requests name to live objects (`None`: no
+    /// such object, `EINVAL`).
+    fn new(wrs: &[SendWr<'_>], objs: &WrObjects<'_>) -> Result<SendChain, (usize, i32)> {
         let payload = |w: &SendWr<'_>| -> Result<Vec<ibv_sge>, i32> {
             if w.flags.contains(SendFlags::INLINE) {
                 if w.inline_data.is_empty() {
@@ -937,10 +981,10 @@ impl SendChain {
         let mut raw = Vec::with_capacity(wrs.len());
         let mut start = 0usize;
         for (i, (w, n)) in wrs.iter().zip(counts).enumerate() {
-            let mut r = send_wr_raw(w);
+            let mut r = send_wr_raw(w, objs).map_err(|e| (i, e))?;
             if let Some(ud) = w.ud {
                 r.wr.ud = ibv_send_wr_ud {
-                    ah: ah(ud.ah).ok_or((i, EINVAL))?,
+                    ah: (objs.ah)(ud.ah).ok_or((i, EINVAL))?,
                     remote_qpn: ud.remote_qpn,
                     remote_qkey: ud.remote_qkey,
                 };
@@ -996,6 +1040,126 @@ impl Drop for RawAh {
             unsafe { (self.pd.ctx.verbs.destroy_ah)(self.ptr.as_ptr()) };
         }
     }
+}
+
+// ---- MW -----------------------------------------------------------------------------------
+
+/// A memory window (`ibv_mw`), deallocated on drop; keeps its PD alive. Allocated, bound and
+/// deallocated through the context's ops table, as the header's inline `ibv_alloc_mw`,
+/// `ibv_bind_mw` and `ibv_dealloc_mw` do.
+pub(crate) struct RawMw {
+    /// Kept alive while the window exists.
+    _pd: Arc<RawPd>,
+    ptr: NonNull<ibv_mw>,
+    freed: bool,
+}
+
+impl RawPd {
+    /// `ibv_alloc_mw`: `EOPNOTSUPP` if the provider has no `alloc_mw`.
+    pub(crate) fn alloc_mw(self: &Arc<Self>, mw_type: u32) -> Result<RawMw, i32> {
+        // SAFETY: live PD; its context and ops table are set at open and never change.
+        let alloc = unsafe { (*(*self.ptr.as_ptr()).context).ops.alloc_mw }.ok_or(EOPNOTSUPP)?;
+        // SAFETY: live PD; `alloc_mw` takes the PD and a window type.
+        let mw = unsafe { alloc(self.ptr.as_ptr(), mw_type) };
+        let ptr = NonNull::new(mw).ok_or_else(last_errno)?;
+        Ok(RawMw {
+            _pd: self.clone(),
+            ptr,
+            freed: false,
+        })
+    }
+}
+
+impl RawMw {
+    /// The `ibv_mw` pointer a BIND_MW work request carries.
+    pub(crate) fn as_ptr(&self) -> *mut ibv_mw {
+        self.ptr.as_ptr()
+    }
+
+    /// Records `rkey` in `ibv_mw.rkey` after a type 2 bind was posted, as an application
+    /// does: the rxe provider names the window to the kernel by this field, which must hold the
+    /// window's current key for the next bind, and does not update it itself.
+    pub(crate) fn set_rkey(&self, rkey: u32) {
+        // SAFETY: live MW; `rkey` is a public field of `ibv_mw` the application owns; the
+        // provider reads it only while posting, which the caller's table lock excludes.
+        unsafe { (*self.ptr.as_ptr()).rkey = rkey };
+    }
+
+    /// `ibv_mw.rkey`: the key from the allocation or the latest `ibv_bind_mw`.
+    pub(crate) fn rkey(&self) -> u32 {
+        // SAFETY: live MW; the provider updates `rkey` only inside `bind_mw`, which callers
+        // serialise with this read through the QP's post path.
+        unsafe { (*self.ptr.as_ptr()).rkey }
+    }
+
+    fn dealloc(&self) -> i32 {
+        // SAFETY: live MW; the ops table is set at open.
+        let ops = unsafe { (*(*self.ptr.as_ptr()).context).ops.dealloc_mw };
+        match ops {
+            // SAFETY: live MW, deallocated once (the caller marks it freed on success).
+            Some(dealloc) => match unsafe { dealloc(self.ptr.as_ptr()) } {
+                0 => 0,
+                rc => rc_errno(rc),
+            },
+            None => EOPNOTSUPP,
+        }
+    }
+
+    /// `ibv_dealloc_mw`; on failure the window is handed back with the errno.
+    pub(crate) fn destroy(mut self) -> Result<(), (RawMw, i32)> {
+        match self.dealloc() {
+            0 => {
+                self.freed = true;
+                Ok(())
+            }
+            e => Err((self, e)),
+        }
+    }
+}
+
+impl Drop for RawMw {
+    fn drop(&mut self) {
+        if !self.freed {
+            self.freed = self.dealloc() == 0;
+        }
+    }
+}
+
+impl RawQp {
+    /// `ibv_bind_mw` of type 1 window `mw` (the header inline's checks: `EINVAL` for another
+    /// type or a range without an MR, `EPERM` for an MR of another PD); returns the window's
+    /// new R_Key. `bind.bind_info.mr` must be a live MR or null.
+    pub(crate) fn bind_mw(&self, mw: &RawMw, bind: &ibv_mw_bind) -> Result<u32, i32> {
+        let m = mw.as_ptr();
+        let info = bind.bind_info;
+        // SAFETY: live MW and (when non-null) live MR, per the caller; fields set at creation.
+        let (mw_type, mw_pd, mr_pd) = unsafe {
+            let mr_pd = (!info.mr.is_null()).then(|| (*info.mr.cast::<ibv_mr_head>()).pd);
+            ((*m).mw_type, (*m).pd, mr_pd)
+        };
+        if mw_type != 1 || (info.mr.is_null() && (info.addr != 0 || info.length != 0)) {
+            return Err(EINVAL);
+        }
+        if mr_pd.is_some_and(|pd| pd != mw_pd) {
+            return Err(libc::EPERM);
+        }
+        // SAFETY: live MW; the ops table is set at open.
+        let bind_fn = unsafe { (*(*m).context).ops.bind_mw }.ok_or(EOPNOTSUPP)?;
+        let mut bind = *bind;
+        // SAFETY: live QP and MW; `bind` outlives the call.
+        let rc = unsafe { bind_fn(self.ptr.as_ptr(), m, &mut bind) };
+        if rc != 0 {
+            return Err(rc_errno(rc));
+        }
+        Ok(mw.rkey())
+    }
+}
+
+/// The first members of `struct ibv_mr` (`context`, `pd`), to read an MR's PD.
+#[repr(C)]
+struct ibv_mr_head {
+    context: *mut c_void,
+    pd: *mut ibv_pd,
 }
 
 // ---- SRQ and QP ---------------------------------------------------------------------------
@@ -1131,17 +1295,17 @@ impl RawQp {
     }
 
     /// `ibv_post_send` through `ctx->ops.post_send`; on failure, the index of the first work
-    /// request not posted and the errno. `ah` resolves UD destinations' AH handles to live
-    /// `ibv_ah` pointers, which the caller keeps alive across the call.
+    /// request not posted and the errno. `objs` resolves the AH, MW and MR handles the
+    /// requests name to live objects, which the caller keeps alive across the call.
     pub(crate) fn post_send(
         &self,
         wrs: &[SendWr<'_>],
-        ah: &dyn Fn(u32) -> Option<*mut c_void>,
+        objs: &WrObjects<'_>,
     ) -> Result<(), (usize, i32)> {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut chain = SendChain::new(wrs, ah)?;
+        let mut chain = SendChain::new(wrs, objs)?;
         // SAFETY: live QP; the ops table is set at open and never changes.
         let post =
             unsafe { (*(*self.ptr.as_ptr()).context).ops.post_send }.ok_or((0, EOPNOTSUPP))?;
@@ -1207,6 +1371,15 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use verbs_api::{SendOp, SendWr, Sge};
 
+    /// Objects with only the AHs of `ah`: no window, no MR.
+    fn no_objects<'a>(ah: &'a dyn Fn(u32) -> Option<*mut c_void>) -> WrObjects<'a> {
+        WrObjects {
+            ah,
+            mw: &|_| None,
+            mr: &|_| None,
+        }
+    }
+
     use super::*;
 
     #[test]
@@ -1233,7 +1406,7 @@ mod tests {
             SendWr::inline(2, SendOp::SendWithImm { imm: 0x0102_0304 }, &data),
             SendWr::new(3, SendOp::Send, &[]),
         ];
-        let chain = SendChain::new(&wrs, &|_| None).unwrap();
+        let chain = SendChain::new(&wrs, &no_objects(&|_| None)).unwrap();
         let w = &chain.wrs;
         assert_eq!(w[0].next, ptr::from_ref(&w[1]).cast_mut());
         assert_eq!(w[1].next, ptr::from_ref(&w[2]).cast_mut());
@@ -1264,13 +1437,16 @@ mod tests {
         };
         let wrs = [SendWr::new(1, SendOp::Send, &[]).with_ud(ud)];
         let fake = 0x4000usize as *mut c_void;
-        let chain = SendChain::new(&wrs, &|h| (h == 4).then_some(fake)).unwrap();
+        let chain = SendChain::new(&wrs, &no_objects(&|h| (h == 4).then_some(fake))).unwrap();
         // SAFETY: the ud member was the one written for a UD send.
         let got = unsafe { chain.wrs[0].wr.ud };
         assert_eq!(
             (got.ah, got.remote_qpn, got.remote_qkey),
             (fake, 0x12, 0x1111)
         );
-        assert_eq!(SendChain::new(&wrs, &|_| None).err(), Some((0, EINVAL)));
+        assert_eq!(
+            SendChain::new(&wrs, &no_objects(&|_| None)).err(),
+            Some((0, EINVAL))
+        );
     }
 }

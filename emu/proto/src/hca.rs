@@ -1077,6 +1077,7 @@ impl Hca {
         let mut ctx = Ctx {
             now,
             mrs: &self.mrs,
+            mws: &mut self.mws,
             srqs: &mut self.srqs,
             mem,
             wcs: &mut self.wcs,

@@ -10,6 +10,14 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log to stderr with this filter (EnvFilter syntax, e.g. `emu_proto=debug`); default
+    /// SOFTVERBS_LOG, then RUST_LOG.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log: Option<String>,
+    /// Write every trace event to FILE as JSON lines, the input of `softverbs ladder`; default
+    /// SOFTVERBS_TRACE.
+    #[arg(long, global = true, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -67,6 +75,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let log = cli.log.clone().or_else(emu_trace::log_filter_from_env);
+    let trace = cli.trace.clone().or_else(emu_trace::trace_file_from_env);
+    if let Err(e) = emu_trace::init(log.as_deref(), trace.as_deref()) {
+        eprintln!("softverbs: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Run(args) => return ExitCode::from(softverbs_cli::run::run(&args)),
         Command::Campaign(args) => {

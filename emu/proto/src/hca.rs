@@ -418,6 +418,9 @@ impl Hca {
     pub fn poll_cq(&mut self, cq: CqId, out: &mut [WorkCompletion]) -> Result<usize> {
         let entry = self.cq_mut(cq)?;
         let n = entry.poll(out);
+        if n > 0 {
+            tracing::trace!(kind = "verbs.poll_cq", cq = cq.0, n);
+        }
         if n == 0 && entry.overflowed && !out.is_empty() {
             return Err(Error::state("CQ overran; it cannot be used any more"));
         }
@@ -686,6 +689,7 @@ impl Hca {
             qp.qpn = qpn;
         }
         self.retain_qp_refs(pd, send_cq, recv_cq, srq, 1);
+        tracing::debug!(kind = "verbs.qp", op = "create", qp = qpn, qp_type = ?init.qp_type);
         Ok(qpn)
     }
 
@@ -695,11 +699,24 @@ impl Hca {
     /// queue has nothing in flight.
     pub fn modify_qp(
         &mut self,
-        _now: Instant,
+        now: Instant,
         qpn: u32,
         attr: &QpAttr,
         mask: QpAttrMask,
     ) -> Result<()> {
+        let _span = self.qp_span(Some(now), qpn);
+        let from = self.qp(qpn).map(Qp::state).ok();
+        let result = self.modify_qp_checked(qpn, attr, mask);
+        let to = self.qp(qpn).map(Qp::state).ok();
+        let (from, to) = (
+            from.map(tracing::field::display),
+            to.map(tracing::field::display),
+        );
+        tracing::debug!(kind = "verbs.modify_qp", from, to, ok = result.is_ok());
+        result
+    }
+
+    fn modify_qp_checked(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let limits = self.config.limits.clone();
         let max_mtu = self.config.max_mtu;
         let qp = self.qp_mut(qpn)?;
@@ -770,10 +787,21 @@ impl Hca {
     /// (`InvalidArgument` otherwise); its address is copied at post time.
     pub fn post_send(
         &mut self,
-        _now: Instant,
+        now: Instant,
         qpn: u32,
         wrs: &[SendWr<'_>],
     ) -> Result<(), PostError> {
+        let _span = self.qp_span(Some(now), qpn);
+        let result = self.post_send_wrs(qpn, wrs);
+        tracing::debug!(
+            kind = "verbs.post_send",
+            wrs = wrs.len(),
+            ok = result.is_ok()
+        );
+        result
+    }
+
+    fn post_send_wrs(&mut self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let limits = self.config.limits.clone();
         let qp = self.qp_mut(qpn).map_err(|e| PostError::new(0, e))?;
         let state = qp.state();
@@ -841,6 +869,17 @@ impl Hca {
     /// once with `WR_FLUSH_ERR`; `InvalidState` in RESET or on a QP attached to an SRQ;
     /// `InvalidArgument` for too many SGEs; `NoMemory` when full.
     pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let _span = self.qp_span(None, qpn);
+        let result = self.post_recv_wrs(qpn, wrs);
+        tracing::debug!(
+            kind = "verbs.post_recv",
+            wrs = wrs.len(),
+            ok = result.is_ok()
+        );
+        result
+    }
+
+    fn post_recv_wrs(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let qp = self.qp_mut(qpn).map_err(|e| PostError::new(0, e))?;
         let state = qp.state();
         if state == QpState::Reset {
@@ -883,6 +922,7 @@ impl Hca {
         if let Some(at) = qp.rc.timer_key {
             self.timers.remove(&(at, qpn));
         }
+        tracing::debug!(kind = "verbs.qp", op = "destroy", qp = qpn);
         Ok(())
     }
 
@@ -902,6 +942,8 @@ impl Hca {
         bytes: &[u8],
         mem: &dyn Memory,
     ) {
+        let _span = self.span(Some(now)).entered();
+        crate::trace::packet(crate::trace::PKT_RX, bytes, src);
         let own = self.own_ip;
         let Ok(ip) = rc::tx::ip_context(src.ip(), own, src.port(), self.config.udp_port) else {
             self.stats.count_drop(RxDropCause::AddressFamily);
@@ -924,6 +966,7 @@ impl Hca {
             return;
         };
         let qpn = pkt.bth.dest_qp;
+        let _qp = tracing::debug_span!("qp", qp = qpn).entered();
         let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Rc) else {
             return;
         };
@@ -956,6 +999,7 @@ impl Hca {
             return;
         };
         let qpn = pkt.bth.dest_qp;
+        let _qp = tracing::debug_span!("qp", qp = qpn).entered();
         let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Ud) else {
             return;
         };
@@ -974,11 +1018,14 @@ impl Hca {
     /// Fires every timer due at `now`: RNR waits end, local ACK timeouts retry or fail
     /// (rc-transport.md §3.5–§3.9).
     pub fn handle_timeout(&mut self, now: Instant, mem: &dyn Memory) {
+        let _span = self.span(Some(now)).entered();
         while let Some(&(at, qpn)) = self.timers.first() {
             if at > now {
                 break;
             }
             self.timers.pop_first();
+            let _qp = tracing::debug_span!("qp", qp = qpn).entered();
+            tracing::debug!(kind = "timer.fired", at = at.as_nanos());
             let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
                 continue;
             };
@@ -1008,7 +1055,9 @@ impl Hca {
         buf: &mut [u8],
     ) -> Option<Transmit> {
         let src_ip: IpAddr = self.own_ip;
+        let _span = self.span(Some(now)).entered();
         while let Some(qpn) = self.ready.pop_front() {
+            let _qp = tracing::debug_span!("qp", qp = qpn).entered();
             let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
                 continue;
             };
@@ -1028,6 +1077,7 @@ impl Hca {
                 let out = crate::ud::next_packet(qp, &mut ctx, src_ip, sport, mtu, buf, &mut fatal);
                 self.after_step(qpn, fatal, out.is_some());
                 if let Some(d) = out {
+                    crate::trace::packet(crate::trace::PKT_TX, &buf[..d.len], d.dst);
                     return Some(Transmit {
                         dst: d.dst,
                         src_port: d.src_port,
@@ -1059,6 +1109,7 @@ impl Hca {
             let dst = SocketAddr::new(qp.peer_ip, qp.attr.ah_attr.udp_dport);
             self.after_step(qpn, fatal, out.is_some());
             if let Some((len, class)) = out {
+                crate::trace::packet(crate::trace::PKT_TX, &buf[..len], dst);
                 return Some(Transmit {
                     dst,
                     src_port,
@@ -1133,7 +1184,9 @@ impl Hca {
 
     /// The next asynchronous event.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
-        self.events.pop_front()
+        let event = self.events.pop_front()?;
+        tracing::debug!(kind = "async", dev = %self.config.name, event = ?event.kind, element = ?event.element);
+        Some(event)
     }
 
     /// The next completion-channel notification the driver must deliver.
@@ -1142,6 +1195,26 @@ impl Hca {
     }
 
     // ---- internals -------------------------------------------------------------------------
+
+    /// The `device` span (`dev`, `addr`, engine time `now` in ns) every event of a call is in.
+    fn span(&self, now: Option<Instant>) -> tracing::Span {
+        tracing::debug_span!(
+            "device",
+            dev = %self.config.name,
+            addr = %SocketAddr::new(self.own_ip, self.config.udp_port),
+            now = now.map(Instant::as_nanos),
+        )
+    }
+
+    /// The `device` span with a `qp` span inside, both entered until the guard drops.
+    fn qp_span(
+        &self,
+        now: Option<Instant>,
+        qpn: u32,
+    ) -> (tracing::span::EnteredSpan, tracing::span::EnteredSpan) {
+        let dev = self.span(now).entered();
+        (dev, tracing::debug_span!("qp", qp = qpn).entered())
+    }
 
     /// After the engine ran on `qpn`: enter ERR if it failed, push its completions, update its
     /// timer, and queue it for transmission if `requeue` (or to send a final NAK).
@@ -1159,6 +1232,11 @@ impl Hca {
     /// Moves a QP to ERR from the engine: timers stop, queued work flushes, a pending NAK may
     /// still go out (rc-transport.md §6.1: every RC error completion is fatal).
     fn enter_err(&mut self, qpn: u32) {
+        tracing::info!(
+            kind = "qp.error",
+            qp = qpn,
+            "the engine moved the QP to ERR"
+        );
         if let Ok(qp) = self.qp_mut(qpn) {
             qp.attr.qp_state = QpState::Err;
             qp.rc.retransmit_at = None;
@@ -1234,8 +1312,12 @@ impl Hca {
         if let Some(old) = qp.rc.timer_key {
             self.timers.remove(&(old, qpn));
         }
-        if let Some(new) = want {
-            self.timers.insert((new, qpn));
+        match want {
+            Some(new) => {
+                tracing::trace!(kind = "timer.armed", qp = qpn, at = new.as_nanos());
+                self.timers.insert((new, qpn));
+            }
+            None => tracing::trace!(kind = "timer.cancelled", qp = qpn),
         }
         qp.rc.timer_key = want;
     }
@@ -1293,6 +1375,15 @@ impl Hca {
     /// Pushes a completion, turning an overrun into `CQ_ERR` and an armed CQ into a
     /// notification.
     pub(crate) fn complete(&mut self, cq: CqId, wc: WorkCompletion, solicited: bool) -> bool {
+        tracing::debug!(
+            kind = "wc",
+            qp = wc.qp_num,
+            cq = cq.0,
+            wr_id = wc.wr_id,
+            status = ?wc.status,
+            opcode = ?wc.opcode,
+            len = wc.byte_len,
+        );
         let Some(entry) = self.cqs.get_mut(cq.0) else {
             return false;
         };

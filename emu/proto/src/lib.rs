@@ -19,6 +19,7 @@ mod srq;
 pub mod stats;
 mod table;
 pub mod time;
+pub mod trace;
 mod ud;
 pub mod wire;
 

@@ -68,6 +68,11 @@ enum Command {
     /// SOFTVERBS_PCAP set when asked for. Exit code: the program's; 2 bad flags or no library
     /// (build it with scripts/build-libibverbs.sh --release), 126/127 program not executable/found.
     Exec(Box<softverbs_cli::exec::ExecArgs>),
+    /// A ladder (sequence) diagram of an exchange, as SVG or HTML: one lane per device/QP,
+    /// one arrow per packet, time down the page, from a pcap written by softverbs or from
+    /// SOFTVERBS_TRACE files (with fault verdicts, timers, retransmissions and completions).
+    /// Exit code: 0 written, 1 cannot write, 2 bad input or flags.
+    Ladder(Box<softverbs_cli::ladder::LadderArgs>),
     /// Print `export` lines that make a shell's programs use softverbs
     /// (`eval "$(softverbs env)"`). Exit code: 0, 2 bad flags or no library.
     Env(Box<softverbs_cli::exec::DropInArgs>),
@@ -102,6 +107,7 @@ fn main() -> ExitCode {
             return ExitCode::from(softverbs_cli::interop::icrc_check::run(&args));
         }
         Command::Exec(args) => return ExitCode::from(softverbs_cli::exec::exec(&args)),
+        Command::Ladder(args) => return ExitCode::from(softverbs_cli::ladder::run(&args)),
         Command::Env(args) => return ExitCode::from(softverbs_cli::exec::env(&args)),
         Command::Capture { out } => softverbs_cli::capture::write_demo_capture(&out)
             .map(|summary| {

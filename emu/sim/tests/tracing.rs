@@ -6,7 +6,7 @@
 use emu_sim::fault::{FaultPlan, drop_nth};
 use emu_sim::{Opcode, SimProvider};
 use emu_trace::kind;
-use verbs_api::{CompletionQueue, MemoryRegion, QueuePair, SendOp, SendWr, WcStatus};
+use verbs_api::{MemoryRegion, QueuePair, SendOp, SendWr, WcStatus};
 
 #[test]
 fn a_dropped_ack_is_traced_from_verdict_to_completion() {

@@ -9,8 +9,10 @@
 //!
 //! - [`init_from_env`]: `SOFTVERBS_LOG` (EnvFilter syntax, `RUST_LOG` as fallback) logs to
 //!   stderr; `SOFTVERBS_TRACE=FILE` also writes every event as one JSON object per line
-//!   ([`JsonLayer`]), the input of `softverbs ladder`. Used by the CLI, the node processes of
-//!   `softverbs run` and the libibverbs drop-in.
+//!   ([`JsonLayer`]), the input of `softverbs ladder`; `SOFTVERBS_TRACE_FILTER` (EnvFilter,
+//!   default `trace`) chooses what goes in it and `SOFTVERBS_TRACE_MAX_MB` rotates it
+//!   ([`RotatingFile`]). Used by the CLI, the node processes of `softverbs run` and the
+//!   libibverbs drop-in.
 //! - [`testing::capture`]: a thread-local subscriber for tests that prints through the test
 //!   harness's captured output and keeps the records for assertions.
 //! - [`Record`]: one parsed line of a trace file.
@@ -135,11 +137,12 @@ fn install(log: Option<&str>, trace: Option<&Path>) -> Result<bool, String> {
         .transpose()?;
     let json_layer = trace
         .map(|path| {
-            let file = File::create(path)
+            let file = RotatingFile::create(path, trace_max_bytes_from_env())
                 .map_err(|e| format!("cannot create trace file {}: {e}", path.display()))?;
-            Ok::<_, String>(
-                JsonLayer::new(BufWriter::new(file)).with_filter(EnvFilter::new(TRACE_FILTER)),
-            )
+            let filter = trace_filter_from_env();
+            let filter = EnvFilter::try_new(&filter)
+                .map_err(|e| format!("bad SOFTVERBS_TRACE_FILTER {filter:?}: {e}"))?;
+            Ok::<_, String>(JsonLayer::new(file).with_filter(filter))
         })
         .transpose()?;
     tracing_subscriber::registry()
@@ -150,8 +153,87 @@ fn install(log: Option<&str>, trace: Option<&Path>) -> Result<bool, String> {
     Ok(true)
 }
 
-/// What the trace file records: everything softverbs emits.
+/// What the trace file records unless `SOFTVERBS_TRACE_FILTER` says otherwise: everything
+/// softverbs emits.
 pub const TRACE_FILTER: &str = "trace";
+
+/// The trace file's EnvFilter: `SOFTVERBS_TRACE_FILTER`, default [`TRACE_FILTER`]. `debug`
+/// keeps every packet, verdict and decision but leaves out timer arming and plain deliveries.
+pub fn trace_filter_from_env() -> String {
+    std::env::var("SOFTVERBS_TRACE_FILTER")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| TRACE_FILTER.to_owned())
+}
+
+/// `SOFTVERBS_TRACE_MAX_MB` in bytes: the size at which the trace file is rotated; `None`
+/// (unset or not a number): never.
+pub fn trace_max_bytes_from_env() -> Option<u64> {
+    std::env::var("SOFTVERBS_TRACE_MAX_MB")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|mb| mb.saturating_mul(1 << 20))
+}
+
+/// The file a rotated trace's older half is in: `FILE.1`.
+pub fn rotated_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".1");
+    name.into()
+}
+
+/// A trace file that, once `max` bytes are written, is renamed to [`rotated_path`] (replacing
+/// the older one) and started afresh, so that at most about `2 × max` bytes of the latest
+/// events are kept. Rotation happens at a flush, which [`JsonLayer`] does after each line.
+#[derive(Debug)]
+pub struct RotatingFile {
+    path: std::path::PathBuf,
+    file: BufWriter<File>,
+    written: u64,
+    max: Option<u64>,
+}
+
+impl RotatingFile {
+    /// Creates (truncates) `path`, readable by its owner only (a trace tells what a program
+    /// did).
+    pub fn create(path: &Path, max: Option<u64>) -> std::io::Result<RotatingFile> {
+        Ok(RotatingFile {
+            path: path.to_owned(),
+            file: BufWriter::new(private_file(path)?),
+            written: 0,
+            max,
+        })
+    }
+}
+
+/// Creates or truncates `path` with mode 0600.
+fn private_file(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+impl Write for RotatingFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()?;
+        if self.max.is_some_and(|max| self.written >= max) {
+            std::fs::rename(&self.path, rotated_path(&self.path))?;
+            self.file = BufWriter::new(private_file(&self.path)?);
+            self.written = 0;
+        }
+        Ok(())
+    }
+}
 
 /// A writer shared between a layer and its owner (tests read what the layer wrote).
 #[derive(Clone, Debug, Default)]
@@ -174,5 +256,34 @@ impl Write for SharedBuf {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rotating_file_keeps_the_latest_lines_in_two_parts() {
+        let dir = std::env::temp_dir().join(format!("emu-trace-rotate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        let path = dir.join("t.jsonl");
+        let mut f = RotatingFile::create(&path, Some(10)).unwrap_or_else(|e| panic!("{e}"));
+        for line in ["aaaaaa\n", "bbbbbb\n", "cccccc\n"] {
+            f.write_all(line.as_bytes()).unwrap_or_default();
+            f.flush().unwrap_or_default();
+        }
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+        // Rotated after the second line (14 bytes ≥ 10); the third starts the new file.
+        assert_eq!(read(&rotated_path(&path)), "aaaaaa\nbbbbbb\n");
+        assert_eq!(read(&path), "cccccc\n");
+        for line in ["d\n", "e\n"] {
+            f.write_all(line.as_bytes()).unwrap_or_default();
+            f.flush().unwrap_or_default();
+        }
+        // The older part is replaced: at most about twice the limit is kept.
+        assert_eq!(read(&rotated_path(&path)), "cccccc\nd\ne\n");
+        assert_eq!(read(&path), "");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

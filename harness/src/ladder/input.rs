@@ -177,6 +177,7 @@ impl TraceBuilder {
             fate: Fate::Delivered,
             rx_drop: None,
             retransmit,
+            rx_cut: false,
         });
         let id = self.ladder.packets.len() - 1;
         self.in_flight.entry(key).or_default().push_back(id);
@@ -233,6 +234,7 @@ impl TraceBuilder {
             fate: Fate::Delivered,
             rx_drop: None,
             retransmit: false,
+            rx_cut: false,
         });
         self.ladder.packets.len() - 1
     }
@@ -474,6 +476,7 @@ fn ladder_of_frames(frames: &[Frame]) -> Ladder {
             fate: Fate::Delivered,
             rx_drop: None,
             retransmit: *count > 1,
+            rx_cut: false,
         });
     }
     ladder

@@ -84,6 +84,8 @@ pub struct Packet {
     pub rx_drop: Option<String>,
     /// The same opcode and PSN left the same lane before.
     pub retransmit: bool,
+    /// It was received after the rows shown (the window cut its arrow short).
+    pub rx_cut: bool,
 }
 
 impl Packet {
@@ -277,6 +279,7 @@ impl Ladder {
                 to: lane_map[&p.to],
                 tx_row: row_map[&p.tx_row],
                 rx_row: p.rx_row.and_then(|r| row_map.get(&r).copied()),
+                rx_cut: p.rx_cut || p.rx_row.is_some_and(|r| !row_map.contains_key(&r)),
                 ..p.clone()
             })
             .collect();

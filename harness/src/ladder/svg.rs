@@ -173,6 +173,9 @@ fn packet(s: &mut String, p: &Packet, top: u32) {
         Fate::Dropped(cause) => label.push_str(&format!(" ✕ dropped ({cause})")),
         f => label.push_str(&format!(" [{}]", f.class())),
     }
+    if p.rx_cut {
+        label.push_str(" (received after this window)");
+    }
     if let Some(cause) = &p.rx_drop {
         label.push_str(&format!(" → rx drop: {cause}"));
     }

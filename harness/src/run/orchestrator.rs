@@ -508,6 +508,11 @@ impl Orchestrator {
             .map_err(|e| format!("cannot create {}: {e}", stderr_path.display()))?;
         let mut child = Command::new(&self.cfg.exe)
             .arg("node")
+            .envs(crate::run::trace::node_env(
+                &self.cfg.run_dir,
+                index,
+                generation,
+            ))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -1190,6 +1195,7 @@ impl Orchestrator {
             .collect();
         let violations = result.violations();
         let passed = violations == 0 && self.harness_errors.is_empty();
+        let trace = crate::run::trace::collect(&c.run_dir, &result.invariants, violations > 0);
         let exit_code = if passed { EXIT_PASS } else { EXIT_VIOLATION };
         let budget = c.qp.retry_budget();
         Report {
@@ -1240,6 +1246,7 @@ impl Orchestrator {
                 .collect(),
             harness_errors: self.harness_errors.clone(),
             replay: self.replay(),
+            trace,
             pcap: match &c.pcap_dir {
                 Some(d) => format!(
                     "{}/node<i>.g<generation>.pcap: each node process's traffic, as its device \

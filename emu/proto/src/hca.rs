@@ -1018,13 +1018,12 @@ impl Hca {
     /// Fires every timer due at `now`: RNR waits end, local ACK timeouts retry or fail
     /// (rc-transport.md §3.5–§3.9).
     pub fn handle_timeout(&mut self, now: Instant, mem: &dyn Memory) {
-        let _span = self.span(Some(now)).entered();
         while let Some(&(at, qpn)) = self.timers.first() {
             if at > now {
                 break;
             }
             self.timers.pop_first();
-            let _qp = tracing::debug_span!("qp", qp = qpn).entered();
+            let _span = self.qp_span(Some(now), qpn);
             tracing::debug!(kind = "timer.fired", at = at.as_nanos());
             let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
                 continue;
@@ -1055,9 +1054,9 @@ impl Hca {
         buf: &mut [u8],
     ) -> Option<Transmit> {
         let src_ip: IpAddr = self.own_ip;
-        let _span = self.span(Some(now)).entered();
         while let Some(qpn) = self.ready.pop_front() {
-            let _qp = tracing::debug_span!("qp", qp = qpn).entered();
+            // Spans only for a QP with work: the driver calls this in its loops.
+            let _span = self.qp_span(Some(now), qpn);
             let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
                 continue;
             };

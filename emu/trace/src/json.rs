@@ -4,7 +4,7 @@ use std::io::Write;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::{Map, Value};
+use std::fmt::Write as _;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record as SpanRecord};
 use tracing::{Event, Subscriber};
@@ -40,37 +40,62 @@ impl JsonLayer {
     }
 }
 
-/// The fields of one span, kept in its extensions.
-struct SpanFields(Map<String, Value>);
+/// The fields of one span as a JSON fragment (`"name":value,` each), kept in its extensions.
+struct SpanFields(String);
 
-/// Collects fields into a JSON map.
-struct Collect<'a>(&'a mut Map<String, Value>);
+/// Appends `s` as a JSON string (quoted, escaped).
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Writes fields as a JSON fragment: `"name":value,` per field.
+struct Collect<'a>(&'a mut String);
 
 impl Collect<'_> {
-    fn put(&mut self, field: &Field, value: Value) {
+    fn key(&mut self, field: &Field) {
         let name = match field.name() {
             "message" => "msg",
             n => n,
         };
-        self.0.insert(name.to_owned(), value);
+        push_json_str(self.0, name);
+        self.0.push(':');
     }
 }
 
 impl Visit for Collect<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.put(field, Value::String(format!("{value:?}")));
+        self.key(field);
+        push_json_str(self.0, &format!("{value:?}"));
+        self.0.push(',');
     }
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.put(field, Value::String(value.to_owned()));
+        self.key(field);
+        push_json_str(self.0, value);
+        self.0.push(',');
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.put(field, Value::from(value));
+        self.key(field);
+        let _ = write!(self.0, "{value},");
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.put(field, Value::from(value));
+        self.key(field);
+        let _ = write!(self.0, "{value},");
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.put(field, Value::Bool(value));
+        self.key(field);
+        let _ = write!(self.0, "{value},");
     }
 }
 
@@ -79,10 +104,10 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let mut map = Map::new();
-        attrs.record(&mut Collect(&mut map));
+        let mut fields = String::new();
+        attrs.record(&mut Collect(&mut fields));
         if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(SpanFields(map));
+            span.extensions_mut().insert(SpanFields(fields));
         }
     }
 
@@ -99,23 +124,64 @@ where
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let meta = event.metadata();
-        let mut map = Map::new();
-        map.insert("t".into(), Value::from(t));
-        map.insert("pid".into(), Value::from(self.pid));
-        map.insert("level".into(), Value::from(meta.level().as_str()));
-        map.insert("target".into(), Value::from(meta.target()));
+        let mut line = String::with_capacity(320);
+        let _ = write!(
+            line,
+            "{{\"t\":{t},\"pid\":{},\"level\":\"{}\",\"target\":",
+            self.pid,
+            meta.level().as_str()
+        );
+        push_json_str(&mut line, meta.target());
+        line.push(',');
         if let Some(scope) = ctx.event_scope(event) {
             for span in scope.from_root() {
                 if let Some(fields) = span.extensions().get::<SpanFields>() {
-                    map.extend(fields.0.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    line.push_str(&fields.0);
                 }
             }
         }
-        event.record(&mut Collect(&mut map));
-        let mut line = Value::Object(map).to_string();
-        line.push('\n');
+        // Event fields last: a reader keeps the last of repeated names.
+        event.record(&mut Collect(&mut line));
+        line.pop();
+        line.push_str("}\n");
         if let Ok(mut out) = self.out.lock() {
             let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    #[test]
+    fn lines_are_json_with_span_fields_and_escaped_text() {
+        let buf = crate::SharedBuf::default();
+        let subscriber = tracing_subscriber::registry().with(JsonLayer::new(buf.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let _s = tracing::debug_span!("device", dev = "d0", now = 5u64, qp = 1u32).entered();
+            tracing::debug!(
+                kind = "x",
+                qp = 17u32,
+                text = "a\"b\\c\n",
+                ok = true,
+                n = -3i64,
+                "hi"
+            );
+        });
+        let text = String::from_utf8(buf.contents()).unwrap_or_default();
+        let r = crate::Record::parse(text.trim_end()).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(r.kind, "x");
+        assert_eq!(r.text("dev").as_deref(), Some("d0"));
+        assert_eq!(r.u64("now"), Some(5));
+        assert_eq!(r.u64("qp"), Some(17), "the event's field wins");
+        assert_eq!(r.text("text").as_deref(), Some("a\"b\\c\n"));
+        assert_eq!(r.bool("ok"), Some(true));
+        assert_eq!(r.text("msg").as_deref(), Some("hi"));
+        assert_eq!(
+            r.fields.get("n").and_then(serde_json::Value::as_i64),
+            Some(-3)
+        );
     }
 }

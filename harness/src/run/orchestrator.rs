@@ -6,12 +6,12 @@
 //! reaps it when the orchestrator returns or unwinds; nodes also exit by themselves when
 //! their stdin closes or their deadline passes.
 
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use crate::run::check::{self, Evidence, NodeFacts};
@@ -173,7 +173,7 @@ pub fn write_report(report: &Report, path: &Path) -> Result<(), String> {
 pub fn execute(args: &RunArgs, opts: &Options) -> Result<Report, RunError> {
     let cfg = validate(args, opts.plan_text.as_deref()).map_err(RunError::Usage)?;
     let started = Instant::now();
-    let (tx, rx) = mpsc::channel();
+    let (tx, rx) = crossbeam_channel::unbounded();
     let mut orch = Orchestrator {
         procs: Procs(Vec::new()),
         nodes: (0..cfg.nodes).map(|_| NodeState::default()).collect(),

@@ -33,8 +33,13 @@ pub fn trace_file(i: u32, generation: u32) -> String {
     format!("node{i}.g{generation}.trace.jsonl")
 }
 
-/// The environment a node process is started with so that it writes its trace.
+/// The environment a node process is started with so that it writes its trace. The filter
+/// is `debug` unless `SOFTVERBS_TRACE_FILTER` is set for the orchestrator (`off`: no events).
 pub fn node_env(run_dir: &Path, i: u32, generation: u32) -> [(&'static str, String); 3] {
+    let filter = std::env::var("SOFTVERBS_TRACE_FILTER")
+        .ok()
+        .filter(|f| !f.trim().is_empty())
+        .unwrap_or_else(|| "debug".to_owned());
     [
         (
             "SOFTVERBS_TRACE",
@@ -43,7 +48,7 @@ pub fn node_env(run_dir: &Path, i: u32, generation: u32) -> [(&'static str, Stri
                 .display()
                 .to_string(),
         ),
-        ("SOFTVERBS_TRACE_FILTER", "debug".to_owned()),
+        ("SOFTVERBS_TRACE_FILTER", filter),
         ("SOFTVERBS_TRACE_MAX_MB", TRACE_MAX_MB.to_string()),
     ]
 }

@@ -79,6 +79,8 @@ pub(super) fn from_trace(records: &[Record]) -> Ladder {
         in_flight: HashMap::new(),
         last_rx: None,
         unmatched: 0,
+        repeat: None,
+        repeat_text: String::new(),
     };
     for r in records {
         b.record(r);
@@ -107,6 +109,9 @@ struct TraceBuilder {
     /// The last packet received (for the receiver's drop record that follows it).
     last_rx: Option<usize>,
     unmatched: usize,
+    /// The last note (index, times seen) and its text, to fold repeats.
+    repeat: Option<(usize, u32)>,
+    repeat_text: String,
 }
 
 impl TraceBuilder {
@@ -274,13 +279,25 @@ impl TraceBuilder {
         }
     }
 
+    /// A note on its lane; the same note again right after it (500 `post_recv`s in a row)
+    /// only counts up on the first.
     fn note(&mut self, r: &Record, t: u64) {
         let Some((text, kind)) = note_text(r) else {
             return;
         };
-        if let Some(lane) = self.lane_of(r) {
-            self.ladder.note(t, lane, text, kind);
+        let Some(lane) = self.lane_of(r) else { return };
+        let last_row = self.ladder.rows.len().checked_sub(1);
+        if let Some((index, count)) = &mut self.repeat {
+            let note = &self.ladder.notes[*index];
+            if Some(note.row) == last_row && note.lane == lane && self.repeat_text == text {
+                *count += 1;
+                self.ladder.notes[*index].text = format!("{text} (×{count})");
+                return;
+            }
         }
+        self.ladder.note(t, lane, text.clone(), kind);
+        self.repeat = Some((self.ladder.notes.len() - 1, 1));
+        self.repeat_text = text;
     }
 }
 
@@ -485,6 +502,22 @@ fn ladder_of_frames(frames: &[Frame]) -> Ladder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_notes_fold_into_one() {
+        let line =
+            r#"{"t":1,"pid":1,"kind":"verbs.post_recv","addr":"a:1","dev":"d","qp":17,"wrs":1}"#;
+        let other =
+            r#"{"t":2,"pid":1,"kind":"verbs.post_send","addr":"a:1","dev":"d","qp":17,"wrs":1}"#;
+        let records: Vec<Record> = [line, line, line, other, line]
+            .iter()
+            .map(|l| Record::parse(l).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let l = from_trace(&records);
+        let texts: Vec<&str> = l.notes.iter().map(|n| n.text.as_str()).collect();
+        assert_eq!(texts, ["post_recv x1 (×3)", "post_send x1", "post_recv x1"]);
+        assert_eq!(l.rows.len(), 3);
+    }
 
     #[test]
     fn verdict_texts_map_to_fates() {

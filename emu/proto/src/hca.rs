@@ -942,7 +942,7 @@ impl Hca {
         bytes: &[u8],
         mem: &dyn Memory,
     ) {
-        let _span = self.span(Some(now)).entered();
+        let _span = self.entered_span(Some(now));
         crate::trace::packet(crate::trace::PKT_RX, bytes, src);
         let own = self.own_ip;
         let Ok(ip) = rc::tx::ip_context(src.ip(), own, src.port(), self.config.udp_port) else {
@@ -966,7 +966,8 @@ impl Hca {
             return;
         };
         let qpn = pkt.bth.dest_qp;
-        let _qp = tracing::debug_span!("qp", qp = qpn).entered();
+        let _qp = tracing::level_enabled!(tracing::Level::DEBUG)
+            .then(|| tracing::debug_span!("qp", qp = qpn).entered());
         let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Rc) else {
             return;
         };
@@ -999,7 +1000,8 @@ impl Hca {
             return;
         };
         let qpn = pkt.bth.dest_qp;
-        let _qp = tracing::debug_span!("qp", qp = qpn).entered();
+        let _qp = tracing::level_enabled!(tracing::Level::DEBUG)
+            .then(|| tracing::debug_span!("qp", qp = qpn).entered());
         let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Ud) else {
             return;
         };
@@ -1205,14 +1207,20 @@ impl Hca {
         )
     }
 
-    /// The `device` span with a `qp` span inside, both entered until the guard drops.
+    /// The `device` span entered until the guard drops; `None` (one relaxed load, no span
+    /// built or moved) unless some subscriber takes `debug` events.
+    fn entered_span(&self, now: Option<Instant>) -> Option<tracing::span::EnteredSpan> {
+        tracing::level_enabled!(tracing::Level::DEBUG).then(|| self.span(now).entered())
+    }
+
+    /// The `device` span with a `qp` span inside, as [`Hca::entered_span`].
     fn qp_span(
         &self,
         now: Option<Instant>,
         qpn: u32,
-    ) -> (tracing::span::EnteredSpan, tracing::span::EnteredSpan) {
-        let dev = self.span(now).entered();
-        (dev, tracing::debug_span!("qp", qp = qpn).entered())
+    ) -> Option<(tracing::span::EnteredSpan, tracing::span::EnteredSpan)> {
+        let dev = self.entered_span(now)?;
+        Some((dev, tracing::debug_span!("qp", qp = qpn).entered()))
     }
 
     /// After the engine ran on `qpn`: enter ERR if it failed, push its completions, update its

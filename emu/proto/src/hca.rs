@@ -1227,6 +1227,11 @@ impl Hca {
     /// timer, and queue it for transmission if `requeue` (or to send a final NAK).
     fn after_step(&mut self, qpn: u32, fatal: bool, requeue: bool) {
         if fatal {
+            tracing::info!(
+                kind = "qp.error",
+                qp = qpn,
+                "the engine moved the QP to ERR"
+            );
             self.enter_err(qpn);
         }
         self.flush_engine_wcs();
@@ -1239,11 +1244,6 @@ impl Hca {
     /// Moves a QP to ERR from the engine: timers stop, queued work flushes, a pending NAK may
     /// still go out (rc-transport.md §6.1: every RC error completion is fatal).
     fn enter_err(&mut self, qpn: u32) {
-        tracing::info!(
-            kind = "qp.error",
-            qp = qpn,
-            "the engine moved the QP to ERR"
-        );
         if let Ok(qp) = self.qp_mut(qpn) {
             qp.attr.qp_state = QpState::Err;
             qp.rc.retransmit_at = None;
@@ -1272,6 +1272,7 @@ impl Hca {
                 .qp(qpn)
                 .is_ok_and(|qp| !matches!(qp.state(), QpState::Err | QpState::Reset));
             if live {
+                tracing::info!(kind = "qp.error", qp = qpn, "receive CQ overrun: QP to ERR");
                 self.enter_err(qpn);
             }
         }

@@ -1198,6 +1198,7 @@ impl Hca {
     // ---- internals -------------------------------------------------------------------------
 
     /// The `device` span (`dev`, `addr`, engine time `now` in ns) every event of a call is in.
+    #[inline(never)]
     fn span(&self, now: Option<Instant>) -> tracing::Span {
         tracing::debug_span!(
             "device",
@@ -1209,11 +1210,13 @@ impl Hca {
 
     /// The `device` span entered until the guard drops; `None` (one relaxed load, no span
     /// built or moved) unless some subscriber takes `debug` events.
+    #[inline]
     fn entered_span(&self, now: Option<Instant>) -> Option<tracing::span::EnteredSpan> {
         tracing::level_enabled!(tracing::Level::DEBUG).then(|| self.span(now).entered())
     }
 
     /// The `device` span with a `qp` span inside, as [`Hca::entered_span`].
+    #[inline]
     fn qp_span(
         &self,
         now: Option<Instant>,

@@ -27,10 +27,15 @@ pub fn opcode_label(op: Opcode) -> String {
 
 /// One `debug` event for the RoCEv2 UDP payload `bytes` of kind `kind` ([`PKT_TX`] towards
 /// `peer`, [`PKT_RX`] from it): opcode, PSN, destination QP, AckReq, AETH syndrome, length.
+#[inline]
 pub(crate) fn packet(kind: &'static str, bytes: &[u8], peer: SocketAddr) {
-    if !tracing::level_enabled!(tracing::Level::DEBUG) {
-        return;
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        packet_event(kind, bytes, peer);
     }
+}
+
+#[inline(never)]
+fn packet_event(kind: &'static str, bytes: &[u8], peer: SocketAddr) {
     let Ok(bth) = Bth::new_checked(bytes) else {
         tracing::debug!(kind, len = bytes.len(), peer = %peer, "packet without a BTH");
         return;

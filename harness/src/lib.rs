@@ -20,5 +20,6 @@ pub struct ReadmeDoctests;
 pub mod demo;
 pub mod exec;
 pub mod interop;
+pub mod ladder;
 pub mod perf;
 pub mod run;

@@ -10,6 +10,14 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log to stderr with this filter (EnvFilter syntax, e.g. `emu_proto=debug`); default
+    /// SOFTVERBS_LOG, then RUST_LOG.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log: Option<String>,
+    /// Write every trace event to FILE as JSON lines, the input of `softverbs ladder`; default
+    /// SOFTVERBS_TRACE.
+    #[arg(long, global = true, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -60,6 +68,11 @@ enum Command {
     /// SOFTVERBS_PCAP set when asked for. Exit code: the program's; 2 bad flags or no library
     /// (build it with scripts/build-libibverbs.sh --release), 126/127 program not executable/found.
     Exec(Box<softverbs_cli::exec::ExecArgs>),
+    /// A ladder (sequence) diagram of an exchange, as SVG or HTML: one lane per device/QP,
+    /// one arrow per packet, time down the page, from a pcap written by softverbs or from
+    /// SOFTVERBS_TRACE files (with fault verdicts, timers, retransmissions and completions).
+    /// Exit code: 0 written, 1 cannot write, 2 bad input or flags.
+    Ladder(Box<softverbs_cli::ladder::LadderArgs>),
     /// Print `export` lines that make a shell's programs use softverbs
     /// (`eval "$(softverbs env)"`). Exit code: 0, 2 bad flags or no library.
     Env(Box<softverbs_cli::exec::DropInArgs>),
@@ -67,6 +80,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let log = cli.log.clone().or_else(emu_trace::log_filter_from_env);
+    let trace = cli.trace.clone().or_else(emu_trace::trace_file_from_env);
+    if let Err(e) = emu_trace::init(log.as_deref(), trace.as_deref()) {
+        eprintln!("softverbs: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Run(args) => return ExitCode::from(softverbs_cli::run::run(&args)),
         Command::Campaign(args) => {
@@ -88,6 +107,7 @@ fn main() -> ExitCode {
             return ExitCode::from(softverbs_cli::interop::icrc_check::run(&args));
         }
         Command::Exec(args) => return ExitCode::from(softverbs_cli::exec::exec(&args)),
+        Command::Ladder(args) => return ExitCode::from(softverbs_cli::ladder::run(&args)),
         Command::Env(args) => return ExitCode::from(softverbs_cli::exec::env(&args)),
         Command::Capture { out } => softverbs_cli::capture::write_demo_capture(&out)
             .map(|summary| {

@@ -182,6 +182,18 @@ fn a_violation_fails_the_campaign_keeps_its_evidence_and_replays() {
     let evidence = entries(&dir.join("run-001"));
     assert!(evidence.contains(&"report.json".to_owned()), "{evidence:?}");
     assert!(evidence.contains(&"node0.g0.mr".to_owned()), "{evidence:?}");
+    // With the nodes' traces and the ladder of the violating QPs, named in the row.
+    assert!(
+        evidence.contains(&"node0.g0.trace.jsonl".to_owned()),
+        "{evidence:?}"
+    );
+    assert!(
+        evidence.contains(&"violation-ladder.svg".to_owned()),
+        "{evidence:?}"
+    );
+    let ladder = rows[1]["ladder"].as_str().unwrap();
+    assert!(ladder.ends_with("run-001/violation-ladder.svg"), "{ladder}");
+    assert!(stdout.contains(&format!("ladder: {ladder}")), "{stdout}");
     assert!(stdout.contains("run 1 FAIL"), "{stdout}");
     assert!(
         stdout.contains("result: FAIL (1 of 2 runs violated)"),

@@ -56,6 +56,7 @@ impl<P: Port> Context<P> {
     /// Errors: those of [`Port::peek`] (the device is gone).
     pub fn open(device: P) -> Result<Context<P>> {
         let id = device.peek(|st| st.events.open())?;
+        tracing::debug!(kind = "device.open", context = id, "device opened");
         Ok(Context {
             shared: Arc::new(ContextShared { port: device, id }),
         })

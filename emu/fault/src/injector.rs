@@ -92,6 +92,7 @@ impl Injector {
     /// crate doc for the evaluation order.
     pub fn on_datagram(&mut self, now: Instant, meta: &DatagramMeta) -> Verdict {
         let verdict = self.decide(now, meta);
+        trace_verdict(now, meta, verdict);
         self.counters.record(meta.link(), verdict);
         self.trace_datagram(now, meta, verdict);
         verdict
@@ -390,5 +391,35 @@ impl Counters {
                 delayed(c, delay);
             }
         }
+    }
+}
+
+/// The `fault.verdict` event: `debug` for a verdict that changes the datagram's fate or
+/// timing, `trace` for a plain delivery.
+fn trace_verdict(now: Instant, meta: &DatagramMeta, verdict: Verdict) {
+    macro_rules! verdict_event {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                kind = "fault.verdict",
+                verdict = ?verdict,
+                opcode = %emu_proto::trace::opcode_label(meta.opcode),
+                psn = meta.psn.value(),
+                dqp = meta.dest_qpn,
+                src_node = meta.src.0,
+                dst_node = meta.dst.0,
+                len = meta.len,
+                at = now.as_nanos(),
+            )
+        };
+    }
+    if verdict
+        == (Verdict::Deliver {
+            delay: Duration::ZERO,
+        })
+    {
+        verdict_event!(tracing::Level::TRACE);
+    } else {
+        verdict_event!(tracing::Level::DEBUG);
     }
 }

@@ -495,6 +495,7 @@ fn new_context(dev: *mut SvDevice) -> Result<*mut SvContext, i32> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     guard(std::ptr::null_mut(), || {
+        crate::init_tracing();
         let Some(dev) = sv_device(device) else {
             return null_with(libc::EINVAL);
         };

@@ -65,6 +65,18 @@ pub fn errno_of(e: &verbs_api::Error) -> i32 {
     e.errno()
 }
 
+/// Installs the `SOFTVERBS_LOG` / `SOFTVERBS_TRACE` subscriber ([`emu_trace::init_from_env`])
+/// at the first call in the process; a bad setting is reported once on stderr and never fails
+/// the program.
+pub fn init_tracing() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Err(e) = emu_trace::init_from_env() {
+            eprintln!("softverbs-ibverbs: tracing disabled: {e}");
+        }
+    });
+}
+
 /// Logs one line to stderr when `SOFTVERBS_DEBUG` is set (as libibverbs' `IBV_*` debug
 /// variables do); never fails.
 pub fn debug(msg: impl FnOnce() -> String) {

@@ -527,6 +527,9 @@ impl Hca {
     pub fn poll_cq(&mut self, cq: CqId, out: &mut [WorkCompletion]) -> Result<usize> {
         let entry = self.cq_mut(cq)?;
         let n = entry.poll(out);
+        if n > 0 {
+            tracing::trace!(kind = "verbs.poll_cq", cq = cq.0, n);
+        }
         if n == 0 && entry.overflowed && !out.is_empty() {
             return Err(Error::state("CQ overran; it cannot be used any more"));
         }
@@ -789,6 +792,7 @@ impl Hca {
             qp.qpn = qpn;
         }
         self.retain_qp_refs(pd, send_cq, recv_cq, srq, 1);
+        tracing::debug!(kind = "verbs.qp", op = "create", qp = qpn, qp_type = ?init.qp_type);
         Ok(qpn)
     }
 
@@ -798,11 +802,24 @@ impl Hca {
     /// queue has nothing in flight.
     pub fn modify_qp(
         &mut self,
-        _now: Instant,
+        now: Instant,
         qpn: u32,
         attr: &QpAttr,
         mask: QpAttrMask,
     ) -> Result<()> {
+        let _span = self.qp_span(Some(now), qpn);
+        let from = self.qp(qpn).map(Qp::state).ok();
+        let result = self.modify_qp_checked(qpn, attr, mask);
+        let to = self.qp(qpn).map(Qp::state).ok();
+        let (from, to) = (
+            from.map(tracing::field::display),
+            to.map(tracing::field::display),
+        );
+        tracing::debug!(kind = "verbs.modify_qp", from, to, ok = result.is_ok());
+        result
+    }
+
+    fn modify_qp_checked(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let limits = self.config.limits.clone();
         let max_mtu = self.config.max_mtu;
         let qp = self.qp_mut(qpn)?;
@@ -873,10 +890,21 @@ impl Hca {
     /// (`InvalidArgument` otherwise); its address is copied at post time.
     pub fn post_send(
         &mut self,
-        _now: Instant,
+        now: Instant,
         qpn: u32,
         wrs: &[SendWr<'_>],
     ) -> Result<(), PostError> {
+        let _span = self.qp_span(Some(now), qpn);
+        let result = self.post_send_wrs(qpn, wrs);
+        tracing::debug!(
+            kind = "verbs.post_send",
+            wrs = wrs.len(),
+            ok = result.is_ok()
+        );
+        result
+    }
+
+    fn post_send_wrs(&mut self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let limits = self.config.limits.clone();
         let qp = self.qp_mut(qpn).map_err(|e| PostError::new(0, e))?;
         let state = qp.state();
@@ -944,6 +972,17 @@ impl Hca {
     /// once with `WR_FLUSH_ERR`; `InvalidState` in RESET or on a QP attached to an SRQ;
     /// `InvalidArgument` for too many SGEs; `NoMemory` when full.
     pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let _span = self.qp_span(None, qpn);
+        let result = self.post_recv_wrs(qpn, wrs);
+        tracing::debug!(
+            kind = "verbs.post_recv",
+            wrs = wrs.len(),
+            ok = result.is_ok()
+        );
+        result
+    }
+
+    fn post_recv_wrs(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let qp = self.qp_mut(qpn).map_err(|e| PostError::new(0, e))?;
         let state = qp.state();
         if state == QpState::Reset {
@@ -987,6 +1026,7 @@ impl Hca {
         if let Some(at) = qp.rc.timer_key {
             self.timers.remove(&(at, qpn));
         }
+        tracing::debug!(kind = "verbs.qp", op = "destroy", qp = qpn);
         Ok(())
     }
 
@@ -1007,6 +1047,8 @@ impl Hca {
         bytes: &[u8],
         mem: &dyn Memory,
     ) {
+        let _span = self.entered_span(Some(now));
+        crate::trace::packet(crate::trace::PKT_RX, bytes, src);
         let own = self.own_ip;
         let Ok(ip) = rc::tx::ip_context(src.ip(), own, src.port(), self.config.udp_port) else {
             self.stats.count_drop(RxDropCause::AddressFamily);
@@ -1033,6 +1075,8 @@ impl Hca {
             return;
         };
         let qpn = pkt.bth.dest_qp;
+        let _qp = tracing::level_enabled!(tracing::Level::DEBUG)
+            .then(|| tracing::debug_span!("qp", qp = qpn).entered());
         let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Rc) else {
             return;
         };
@@ -1094,6 +1138,8 @@ impl Hca {
             return;
         };
         let qpn = pkt.bth.dest_qp;
+        let _qp = tracing::level_enabled!(tracing::Level::DEBUG)
+            .then(|| tracing::debug_span!("qp", qp = qpn).entered());
         let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Ud) else {
             return;
         };
@@ -1118,6 +1164,8 @@ impl Hca {
                 break;
             }
             self.timers.pop_first();
+            let _span = self.qp_span(Some(now), qpn);
+            tracing::debug!(kind = "timer.fired", at = at.as_nanos());
             let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
                 continue;
             };
@@ -1149,6 +1197,8 @@ impl Hca {
     ) -> Option<Transmit> {
         let src_ip: IpAddr = self.own_ip;
         while let Some(qpn) = self.ready.pop_front() {
+            // Spans only for a QP with work: the driver calls this in its loops.
+            let _span = self.qp_span(Some(now), qpn);
             let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
                 continue;
             };
@@ -1169,6 +1219,7 @@ impl Hca {
                 let out = crate::ud::next_packet(qp, &mut ctx, src_ip, sport, mtu, buf, &mut fatal);
                 self.after_step(qpn, fatal, out.is_some());
                 if let Some(d) = out {
+                    crate::trace::packet(crate::trace::PKT_TX, &buf[..d.len], d.dst);
                     return Some(Transmit {
                         dst: d.dst,
                         src_port: d.src_port,
@@ -1201,6 +1252,7 @@ impl Hca {
             let dst = SocketAddr::new(qp.peer_ip, qp.attr.ah_attr.udp_dport);
             self.after_step(qpn, fatal, out.is_some());
             if let Some((len, class)) = out {
+                crate::trace::packet(crate::trace::PKT_TX, &buf[..len], dst);
                 return Some(Transmit {
                     dst,
                     src_port,
@@ -1275,7 +1327,9 @@ impl Hca {
 
     /// The next asynchronous event.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
-        self.events.pop_front()
+        let event = self.events.pop_front()?;
+        tracing::debug!(kind = "async", dev = %self.config.name, event = ?event.kind, element = ?event.element);
+        Some(event)
     }
 
     /// The next completion-channel notification the driver must deliver.
@@ -1285,10 +1339,44 @@ impl Hca {
 
     // ---- internals -------------------------------------------------------------------------
 
+    /// The `device` span (`dev`, `addr`, engine time `now` in ns) every event of a call is in.
+    #[inline(never)]
+    fn span(&self, now: Option<Instant>) -> tracing::Span {
+        tracing::debug_span!(
+            "device",
+            dev = %self.config.name,
+            addr = %SocketAddr::new(self.own_ip, self.config.udp_port),
+            now = now.map(Instant::as_nanos),
+        )
+    }
+
+    /// The `device` span entered until the guard drops; `None` (one relaxed load, no span
+    /// built or moved) unless some subscriber takes `debug` events.
+    #[inline]
+    fn entered_span(&self, now: Option<Instant>) -> Option<tracing::span::EnteredSpan> {
+        tracing::level_enabled!(tracing::Level::DEBUG).then(|| self.span(now).entered())
+    }
+
+    /// The `device` span with a `qp` span inside, as [`Hca::entered_span`].
+    #[inline]
+    fn qp_span(
+        &self,
+        now: Option<Instant>,
+        qpn: u32,
+    ) -> Option<(tracing::span::EnteredSpan, tracing::span::EnteredSpan)> {
+        let dev = self.entered_span(now)?;
+        Some((dev, tracing::debug_span!("qp", qp = qpn).entered()))
+    }
+
     /// After the engine ran on `qpn`: enter ERR if it failed, push its completions, update its
     /// timer, and queue it for transmission if `requeue` (or to send a final NAK).
     fn after_step(&mut self, qpn: u32, fatal: bool, requeue: bool) {
         if fatal {
+            tracing::info!(
+                kind = "qp.error",
+                qp = qpn,
+                "the engine moved the QP to ERR"
+            );
             self.enter_err(qpn);
         }
         self.flush_engine_wcs();
@@ -1329,6 +1417,7 @@ impl Hca {
                 .qp(qpn)
                 .is_ok_and(|qp| !matches!(qp.state(), QpState::Err | QpState::Reset));
             if live {
+                tracing::info!(kind = "qp.error", qp = qpn, "receive CQ overrun: QP to ERR");
                 self.enter_err(qpn);
             }
         }
@@ -1376,8 +1465,12 @@ impl Hca {
         if let Some(old) = qp.rc.timer_key {
             self.timers.remove(&(old, qpn));
         }
-        if let Some(new) = want {
-            self.timers.insert((new, qpn));
+        match want {
+            Some(new) => {
+                tracing::trace!(kind = "timer.armed", qp = qpn, at = new.as_nanos());
+                self.timers.insert((new, qpn));
+            }
+            None => tracing::trace!(kind = "timer.cancelled", qp = qpn),
         }
         qp.rc.timer_key = want;
     }
@@ -1435,6 +1528,15 @@ impl Hca {
     /// Pushes a completion, turning an overrun into `CQ_ERR` and an armed CQ into a
     /// notification.
     pub(crate) fn complete(&mut self, cq: CqId, wc: WorkCompletion, solicited: bool) -> bool {
+        tracing::debug!(
+            kind = "wc",
+            qp = wc.qp_num,
+            cq = cq.0,
+            wr_id = wc.wr_id,
+            status = ?wc.status,
+            opcode = ?wc.opcode,
+            len = wc.byte_len,
+        );
         let Some(entry) = self.cqs.get_mut(cq.0) else {
             return false;
         };

@@ -62,6 +62,7 @@ impl Stats {
     /// Counts one received packet discarded for `cause`: its per-cause counter and the older
     /// counter that has always counted it, if any ([`RxDropCause`] says which).
     pub(crate) fn count_drop(&mut self, cause: RxDropCause) {
+        tracing::debug!(kind = "pkt.drop", cause = cause.name());
         self.rx_drops.counts[cause as usize] += 1;
         use RxDropCause as C;
         let older = match cause {

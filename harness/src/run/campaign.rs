@@ -178,6 +178,8 @@ pub struct RunRow {
     pub replay: String,
     /// Where the evidence was kept (failing runs only).
     pub evidence: Option<String>,
+    /// The ladder of the violating QPs in the evidence (failing runs only).
+    pub ladder: Option<String>,
 }
 
 /// Sums over every run.
@@ -615,6 +617,7 @@ fn do_run(base: &RunArgs, job: &Job, corrupt: bool, progress: Progress) -> RunRo
                     row.harness_errors.push(e);
                 }
                 row.evidence = Some(job.run_dir.display().to_string());
+                row.ladder.clone_from(&report.trace.ladder);
             }
         }
         Err(e) => {
@@ -669,6 +672,7 @@ fn not_run(job: &Job) -> RunRow {
         elapsed_ms: 0,
         replay: String::new(),
         evidence: None,
+        ladder: None,
     }
 }
 
@@ -881,6 +885,9 @@ fn render_end(r: &CampaignReport) -> String {
         let _ = writeln!(s, "    replay: {}", row.replay);
         if let Some(e) = &row.evidence {
             let _ = writeln!(s, "    evidence: {e}");
+        }
+        if let Some(l) = &row.ladder {
+            let _ = writeln!(s, "    ladder: {l}");
         }
     }
     let result = match r.exit_code {

@@ -9,13 +9,13 @@
 //! [`read_log`] skips an unterminated last line and reports a malformed line elsewhere
 //! instead of failing.
 
+use crossbeam_channel::RecvTimeoutError;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -139,7 +139,7 @@ pub struct LogWriter {
     /// Written since the last sync.
     dirty: Arc<AtomicBool>,
     /// Stops the sync thread when dropped.
-    stop: Option<mpsc::Sender<()>>,
+    stop: Option<crossbeam_channel::Sender<()>>,
     syncer: Option<JoinHandle<()>>,
 }
 
@@ -155,7 +155,7 @@ impl LogWriter {
             .mode(0o600)
             .open(path)?;
         let dirty = Arc::new(AtomicBool::new(false));
-        let (stop, stopped) = mpsc::channel::<()>();
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
         let syncer = {
             let file = file.try_clone()?;
             let dirty = dirty.clone();

@@ -35,6 +35,7 @@ pub mod plan;
 pub mod proto;
 pub mod report;
 pub mod selftest;
+pub mod trace;
 
 use std::path::PathBuf;
 use std::time::Duration;

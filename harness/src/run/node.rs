@@ -11,11 +11,11 @@
 //! append-only areas, each drain by the retry budget plus the slack, and the whole process by
 //! its deadline (and by its stdin: when the orchestrator goes away, so does the node).
 
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use emu_fault::{FaultPlan, NodeId};
@@ -73,7 +73,7 @@ enum Input {
 
 /// Runs node mode on this process's stdin/stdout; the exit code is 0 after an orderly exit.
 pub fn node_main() -> ExitCode {
-    let (tx, rx) = mpsc::channel();
+    let (tx, rx) = crossbeam_channel::unbounded();
     // The reader thread ends at EOF; the process exits without joining it.
     let spawned = std::thread::Builder::new()
         .name("control".into())
@@ -92,7 +92,7 @@ pub fn node_main() -> ExitCode {
     }
 }
 
-fn read_control(tx: &mpsc::Sender<Input>) {
+fn read_control(tx: &Sender<Input>) {
     let stdin = std::io::stdin();
     let mut lock = stdin.lock();
     loop {

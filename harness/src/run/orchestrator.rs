@@ -6,12 +6,12 @@
 //! reaps it when the orchestrator returns or unwinds; nodes also exit by themselves when
 //! their stdin closes or their deadline passes.
 
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use crate::run::check::{self, Evidence, NodeFacts};
@@ -173,7 +173,7 @@ pub fn write_report(report: &Report, path: &Path) -> Result<(), String> {
 pub fn execute(args: &RunArgs, opts: &Options) -> Result<Report, RunError> {
     let cfg = validate(args, opts.plan_text.as_deref()).map_err(RunError::Usage)?;
     let started = Instant::now();
-    let (tx, rx) = mpsc::channel();
+    let (tx, rx) = crossbeam_channel::unbounded();
     let mut orch = Orchestrator {
         procs: Procs(Vec::new()),
         nodes: (0..cfg.nodes).map(|_| NodeState::default()).collect(),
@@ -508,6 +508,11 @@ impl Orchestrator {
             .map_err(|e| format!("cannot create {}: {e}", stderr_path.display()))?;
         let mut child = Command::new(&self.cfg.exe)
             .arg("node")
+            .envs(crate::run::trace::node_env(
+                &self.cfg.run_dir,
+                index,
+                generation,
+            ))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -1192,6 +1197,7 @@ impl Orchestrator {
             .collect();
         let violations = result.violations();
         let passed = violations == 0 && self.harness_errors.is_empty();
+        let trace = crate::run::trace::collect(&c.run_dir, &result.invariants, violations > 0);
         let exit_code = if passed { EXIT_PASS } else { EXIT_VIOLATION };
         let budget = c.qp.retry_budget();
         Report {
@@ -1242,6 +1248,7 @@ impl Orchestrator {
                 .collect(),
             harness_errors: self.harness_errors.clone(),
             replay: self.replay(),
+            trace,
             pcap: match &c.pcap_dir {
                 Some(d) => format!(
                     "{}/node<i>.g<generation>.pcap: each node process's traffic, as its device \

@@ -52,6 +52,8 @@ pub struct Report {
     pub harness_errors: Vec<String>,
     /// The command that replays this run.
     pub replay: String,
+    /// The nodes' trace files and, for a failing run, the ladder of the violating QPs.
+    pub trace: crate::run::trace::TraceEvidence,
     /// Packet capture.
     pub pcap: String,
 }
@@ -281,6 +283,14 @@ pub fn render(r: &Report) -> String {
         );
         let _ = writeln!(s, "seed {}, plan hash {}", r.seed, r.plan.hash);
         let _ = writeln!(s, "replay: {}", r.replay);
+        match &r.trace.ladder {
+            Some(l) => {
+                let _ = writeln!(s, "ladder: {l} ({})", r.trace.note);
+            }
+            None => {
+                let _ = writeln!(s, "ladder: none ({})", r.trace.note);
+            }
+        }
     }
     let _ = writeln!(s, "run dir: {}", r.run_dir);
     s

@@ -266,6 +266,17 @@ pub(crate) fn rewind(qp: &mut Qp) {
 /// Go-back-N from `comp_psn` as a new retry round: remembers when and from where, and drops
 /// the pending RTT sample (its ACK would be ambiguous).
 fn go_back(qp: &mut Qp, ctx: &Ctx<'_>) {
+    let (from, to, left) = (
+        qp.rc.comp_psn.value(),
+        qp.rc.req_psn.value(),
+        qp.rc.retry_left,
+    );
+    tracing::debug!(
+        kind = "retransmit",
+        from_psn = from,
+        req_psn = to,
+        retry_left = left
+    );
     qp.rc.rewound = Some((ctx.now, qp.rc.comp_psn));
     qp.rc.rtt_probe = None;
     rewind(qp);
@@ -386,6 +397,11 @@ fn rnr_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, delay: std::time::Duration)
         qp.rc.rnr_retry_left -= 1;
     }
     // No retry of any kind until the RNR timer expires (§3.7 "RNR wait").
+    tracing::debug!(
+        kind = "rnr.wait",
+        psn = psn.value(),
+        delay_ns = delay.as_nanos() as u64
+    );
     qp.rc.retransmit_at = None;
     qp.rc.rnr_at = Some(ctx.now + delay);
     Disposition::Done

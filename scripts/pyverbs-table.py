@@ -15,6 +15,9 @@
       is missing), unless EXPECTED (scripts/pyverbs.sh's expectations: id <TAB> result <TAB>
       reason) lists it as a non-pass with a reason; such tests are shown as "accepted" with
       the reason. Without EXPECTED no exception is accepted.
+  pyverbs-table.py modules RXE.tsv SOFTVERBS.tsv
+      A Markdown table, one row per test module (tests.test_mr, ...): pass / fail / error /
+      skip on rxe and on softverbs, and how many of rxe's passes pass on softverbs; a totals row.
   pyverbs-table.py selftest
       Checks parse, totals and compare on a built-in sample of unittest's verbose output.
 
@@ -164,6 +167,33 @@ def compare(rxe_path, sv_path, expected_path=None):
     return 1 if bad else 0
 
 
+def module_of(test):
+    """tests.test_mr.MWTest.test_mw_type1 -> test_mr."""
+    parts = test.split(".")
+    return parts[1] if len(parts) > 2 else parts[0]
+
+
+def cell(rows):
+    t = totals(rows)
+    return f"{t['pass']} / {t['fail']} / {t['error']} / {t['skip']}"
+
+
+def modules(rxe_path, sv_path):
+    rxe, sv = read_tsv(rxe_path), read_tsv(sv_path)
+    names = sorted({module_of(t) for t in list(rxe) + list(sv)})
+    print("| module | rxe pass / fail / error / skip | softverbs pass / fail / error / skip "
+          "| rxe passes that pass on softverbs |")
+    print("|---|---|---|---|")
+    for name in names + [None]:
+        r = {t: v for t, v in rxe.items() if name is None or module_of(t) == name}
+        v = {t: x for t, x in sv.items() if name is None or module_of(t) == name}
+        rp = [t for t in r if kind(r[t]) == "pass"]
+        both = sum(1 for t in rp if kind(v.get(t)) == "pass")
+        label = f"`{name}`" if name else "**all**"
+        print(f"| {label} | {cell(r)} | {cell(v)} | {both} of {len(rp)} |")
+    return 0
+
+
 SAMPLE = """\
 test_a (tests.test_x.A.test_a) ... ok
 test_b (tests.test_x.A.test_b) ... skipped 'Device does not support UD'
@@ -243,6 +273,8 @@ def main(argv):
         return 0
     if len(argv) in (4, 5) and argv[1] == "compare":
         return compare(*argv[2:])
+    if len(argv) == 4 and argv[1] == "modules":
+        return modules(argv[2], argv[3])
     if len(argv) == 2 and argv[1] == "selftest":
         return selftest()
     print(__doc__, file=sys.stderr)

@@ -341,8 +341,14 @@ impl<P: Port> verbs_api::CompletionQueue for Cq<P> {
             .query_live(&this.alive, "CQ", |st| st.hca.ack_cq_events(this.id, n));
     }
 
+    /// Resizes the CQ. Work the device has already made ready to send goes out first
+    /// ([`Port::flush`]), so that completions a NIC would have written by now — a UD or UC send
+    /// completes once its packets leave — count against the new size (`ibv_resize_cq` fails
+    /// with `EINVAL` below the completions the CQ holds).
     fn resize(&self, cqe: u32) -> Result<()> {
         let this = &self.0;
+        check_alive(&this.alive, "CQ")?;
+        this.ctx.flush()?;
         this.ctx
             .query_live(&this.alive, "CQ", |st| st.hca.resize_cq(this.id, cqe))
     }

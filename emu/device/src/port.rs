@@ -57,6 +57,13 @@ pub trait Port: Clone + Debug + Send + Sync + 'static {
         self.command(f)
     }
 
+    /// Sends what the device has made ready now, in the caller's thread, waiting for a pass
+    /// another thread is running, so that the completions such sends produce (a UD or UC send
+    /// completes once its packets are out) exist when this returns. Default: an empty command.
+    fn flush(&self) -> Result<()> {
+        self.command(|_, _| ())
+    }
+
     /// Runs a call that gives the device no work by itself: a query, creating or destroying
     /// an object that moves no packet, polling.
     fn query<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> Result<R>;

@@ -468,3 +468,31 @@ fn qkey_rules_bad_posts_and_oversized_messages() {
         assert_eq!(ibv_destroy_ah(ah), 0);
     }
 }
+
+#[test]
+fn resize_below_just_posted_ud_sends_is_einval() {
+    // pyverbs' test_resize_cq: a burst of signaled UD sends, then at once a resize below the
+    // completions they make. The sends go out (and complete) before the resize counts, as on
+    // a NIC, so the resize fails with EINVAL and no completion is lost.
+    let (mut a, b) = (Node::new(0, false), Node::new(1, false));
+    let ah = a.ah_to(&b);
+    for round in 0..20 {
+        unsafe {
+            assert_eq!(ibv_resize_cq(a.cq, 7), 0);
+            let n = (*a.cq).cqe - 1;
+            for i in 0..n {
+                let mut sge = a.sge(0, 8);
+                let mut wr = ud_send(&mut sge, u64::from(i as u32), ah, b.qpn(), QKEY);
+                assert_eq!(a.post_send(&mut wr).0, 0);
+            }
+            assert_eq!(ibv_resize_cq(a.cq, 1), libc::EINVAL, "round {round}");
+            let statuses: Vec<u32> = a.poll(n as usize).iter().map(|w| w.status).collect();
+            assert!(
+                statuses.iter().all(|s| *s == 0),
+                "round {round}: {statuses:?}"
+            );
+        }
+    }
+    a.buf[0] = 0;
+    assert_eq!(unsafe { ibv_destroy_ah(ah) }, 0);
+}

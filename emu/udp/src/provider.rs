@@ -635,6 +635,11 @@ impl Port for UdpDevice {
         Ok(self.core().query(f))
     }
 
+    fn flush(&self) -> Result<()> {
+        self.core().flush();
+        Ok(())
+    }
+
     fn peek<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> Result<R> {
         Ok(self.core().query(f))
     }

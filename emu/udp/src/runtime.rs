@@ -303,7 +303,23 @@ impl Core {
     }
 
     fn run<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R, inline: bool) -> R {
-        let mut io = if inline { self.try_io() } else { None };
+        self.run_with(f, if inline { self.try_io() } else { None })
+    }
+
+    /// Sends what the device made ready, in the caller's thread, waiting for the socket side
+    /// if another thread holds it (see `Port::flush`).
+    pub(crate) fn flush(&self) {
+        self.posting.store(false, Ordering::Relaxed);
+        self.run_with(|_, _| (), Some(self.io()));
+    }
+
+    /// Runs `f` on the device state, then, with the socket side `io`, sends what is ready in
+    /// this thread; without it, leaves that to the progress thread (woken).
+    fn run_with<R>(
+        &self,
+        f: impl FnOnce(&mut DeviceState, Instant) -> R,
+        mut io: Option<MutexGuard<'_, Option<Io>>>,
+    ) -> R {
         let mut st = self.lock();
         let now = self.now();
         let r = f(&mut st, now);

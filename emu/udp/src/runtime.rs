@@ -778,9 +778,11 @@ impl Progress {
             bump(&core.stats.wakeups, 1);
             core.parked.store(false, Ordering::SeqCst);
             if let Some(left) = core.app_driving() {
-                // The application threads drive the device: sleep until they stop polling,
-                // but with the socket in the poller, so that a datagram none of them picks
-                // up (the application went on to spin on its memory) is not left waiting.
+                // The application threads drive the device: sleep until they stop polling.
+                // The socket is out of the poller while they keep polling (`app_poll`) and
+                // back in once a poll found completions (`app_found`), so that a datagram
+                // none of them picks up (the application went on to spin on its memory) is
+                // not left waiting.
                 skip_rx = false;
                 // A datagram that woke the thread before an application thread polled (from
                 // a park, or the last wait here) is covered before it sleeps again.

@@ -11,8 +11,9 @@
 //! * `SOFTVERBS_FAULTS=plan.toml`: a fault plan (emu-fault's TOML) every device applies to what
 //!   it sends; `SOFTVERBS_PCAP=file.pcap`: a capture of the devices' traffic, completed at exit;
 //!   `SOFTVERBS_SEED`: the key generators' seed; `SOFTVERBS_BUSY_POLL=1`: progress threads
-//!   spin (for programs that wait on memory, like `ib_write_lat`);
-//!   `SOFTVERBS_FOREIGN_IPV4_IDENT=1`: accept rxe's and NICs' packets (interop).
+//!   spin while no application thread polls; `SOFTVERBS_FOREIGN_IPV4_IDENT=1`: accept rxe's
+//!   and NICs' packets (interop); `SOFTVERBS_GSO=0|1`: UDP GSO (default: on unless
+//!   foreign IPv4 identifications are accepted, see [`GSO_ENV`]).
 //!
 //! Devices are named `softverbs0`, `softverbs1`, …: node type CA, transport IB, one port with
 //! link layer Ethernet whose GID 0 is the device address, IPv4-mapped, of type RoCE v2. They
@@ -48,12 +49,19 @@ pub const PCAP_ENV: &str = "SOFTVERBS_PCAP";
 /// Environment variable: the seed of the devices' key generators.
 pub const SEED_ENV: &str = "SOFTVERBS_SEED";
 /// Environment variable: `1` starts the devices in busy-poll mode (their progress threads
-/// spin while no application thread polls), for programs that wait by spinning on memory
-/// rather than on a CQ, as `ib_write_lat` does.
+/// spin while no application thread polls, instead of sleeping in `epoll_wait`). Programs
+/// that wait by spinning on memory, as `ib_write_lat` does, do not need it: a datagram wakes
+/// the sleeping thread (`emu_udp::APP_GRACE`).
 pub const BUSY_POLL_ENV: &str = "SOFTVERBS_BUSY_POLL";
 /// Environment variable: `1` accepts packets of peers with an unknown IPv4 identification
 /// (Linux rxe, RoCEv2 NICs; `UdpBuilder::foreign_ipv4_ident`), for interop with them.
 pub const FOREIGN_IPV4_IDENT_ENV: &str = "SOFTVERBS_FOREIGN_IPV4_IDENT";
+/// Environment variable: `1` sends runs of equal-size datagrams with UDP GSO
+/// (`UdpBuilder::gso`), `0` one datagram per system call. Unset: on, unless
+/// [`FOREIGN_IPV4_IDENT_ENV`] is on — a peer that checks the ICRC over the real IPv4 header
+/// (Linux rxe, a RoCEv2 NIC) drops the GSO segments after the first, and such a peer is
+/// reachable at all only with that variable set.
+pub const GSO_ENV: &str = "SOFTVERBS_GSO";
 /// Loopback addresses tried by the zero configuration before giving up.
 pub const ZERO_CONFIG_ATTEMPTS: u32 = 64;
 
@@ -117,9 +125,11 @@ fn base_builder() -> Result<emu_udp::UdpBuilder, String> {
     if on(BUSY_POLL_ENV) {
         b = b.busy_poll(true);
     }
-    if on(FOREIGN_IPV4_IDENT_ENV) {
+    let foreign = on(FOREIGN_IPV4_IDENT_ENV);
+    if foreign {
         b = b.foreign_ipv4_ident(true);
     }
+    b = b.gso(gso_wanted(std::env::var(GSO_ENV).ok().as_deref(), foreign)?);
     if let Ok(seed) = std::env::var(SEED_ENV) {
         let seed = seed
             .trim()
@@ -128,6 +138,17 @@ fn base_builder() -> Result<emu_udp::UdpBuilder, String> {
         b = b.seed(seed);
     }
     Ok(b)
+}
+
+/// Whether the devices send with UDP GSO, from [`GSO_ENV`]'s value and whether foreign IPv4
+/// identifications are accepted (see [`GSO_ENV`]).
+pub fn gso_wanted(value: Option<&str>, foreign_ipv4_ident: bool) -> Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(!foreign_ipv4_ident),
+        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => Err(format!("{GSO_ENV}={v:?}: want 0 or 1")),
+    }
 }
 
 fn build_provider() -> Result<UdpProvider, String> {
@@ -962,6 +983,16 @@ mod tests {
         drop(taken);
         let none = bind_first(&UdpProvider::builder(), std::iter::empty());
         assert!(none.is_err());
+    }
+
+    #[test]
+    fn gso_is_on_unless_foreign_peers_are_expected_or_it_is_set() {
+        assert!(gso_wanted(None, false).unwrap());
+        assert!(!gso_wanted(None, true).unwrap());
+        assert!(gso_wanted(Some(" 1"), true).unwrap());
+        assert!(!gso_wanted(Some("0"), false).unwrap());
+        assert!(gso_wanted(Some(""), false).unwrap());
+        assert!(gso_wanted(Some("yes"), false).is_err());
     }
 
     #[test]

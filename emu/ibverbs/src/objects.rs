@@ -517,11 +517,6 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
                 break;
             }
         }
-        if done == 0 && want > 0 {
-            // A busy-polling application on a loaded machine: let the peer (often another
-            // process on the same host) run.
-            std::thread::yield_now();
-        }
         c_int::try_from(done).unwrap_or(c_int::MAX)
     })
 }

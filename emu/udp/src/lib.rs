@@ -38,8 +38,10 @@
 //! - an application thread that polls the device — a `poll` that finds a CQ empty, a `read`
 //!   of an MR (how `ib_write_lat` waits) — runs one nonblocking pass of the engine itself
 //!   (receive, engine, send, due timers). While such polls keep coming (within
-//!   [`POLL_HANDOFF`]) the progress thread sleeps with the socket out of its poller, so one
-//!   polling process keeps one CPU busy, not two; a thread going to sleep on a completion
+//!   [`POLL_HANDOFF`]) the progress thread sleeps, so one polling process keeps one CPU
+//!   busy, not two; once a poll found completions, a datagram still unread [`APP_GRACE`]
+//!   after the last poll (the application spins on its memory instead) wakes it to move it;
+//!   a thread going to sleep on a completion
 //!   channel of the device hands it back at once. A polling pass that only has ACKs to send
 //!   leaves them for the caller's next call, so the application's next request leaves first;
 //! - the progress thread does the rest: it waits in `epoll_wait` (through mio) for a
@@ -127,5 +129,5 @@ pub use provider::{
     DEFAULT_ADDR, DEFAULT_SOCKET_BUFFER, UdpBuilder, UdpChannel, UdpContext, UdpCq, UdpDevice,
     UdpMr, UdpMw, UdpPd, UdpProvider, UdpQp, UdpSrq,
 };
-pub use runtime::{DriverStats, POLL_HANDOFF, RX_BATCH, TX_BATCH};
+pub use runtime::{APP_GRACE, DriverStats, POLL_HANDOFF, RX_BATCH, TX_BATCH};
 pub use socket::SocketInfo;

@@ -583,10 +583,14 @@ impl UdpDevice {
     /// waits for the peer's WRITE), first run one nonblocking pass in the caller's thread —
     /// receive what the socket holds, feed the engine, fire due timers, send — unless another
     /// thread is doing so (then it returns at once). While an application thread has polled
-    /// within [`crate::POLL_HANDOFF`] the progress thread sleeps, with the socket out of its
-    /// poller; after that (and at once when a thread goes to sleep on a completion channel of
-    /// the device) it takes over again. So a process that spins on its CQ or memory keeps one
-    /// CPU busy, not two, and a busy-poll device only spins its own thread while nobody polls.
+    /// within [`crate::POLL_HANDOFF`] the progress thread leaves the device to it and sleeps
+    /// (with the socket out of its poller while polls keep coming); once a poll found
+    /// completions, a datagram that arrives wakes it, and it moves the datagram itself if no
+    /// application thread has polled for [`crate::APP_GRACE`] (one that went on to spin on
+    /// its memory without calling the library, as `ib_write_lat` does). After the hand-off
+    /// time (and at once when a thread goes to sleep on a completion channel of the device)
+    /// it takes over again. So a process that spins on its CQ or memory keeps one CPU busy,
+    /// not two, and a busy-poll device only spins its own thread while nobody polls.
     pub fn set_busy_poll(&self, on: bool) {
         self.core().set_busy_poll(on);
     }
@@ -645,7 +649,8 @@ impl Port for UdpDevice {
     }
 
     /// An empty CQ poll runs one nonblocking progress pass in the caller's thread (see
-    /// [`UdpDevice::set_busy_poll`]) and polls again; async events and channel events are
+    /// [`UdpDevice::set_busy_poll`]) and polls again; if the CQ is still empty the caller
+    /// yields its CPU (`sched_yield`) before it returns; async events and channel events are
     /// taken as they are (the progress thread delivers them).
     fn wait_take<R>(
         &self,
@@ -657,10 +662,19 @@ impl Port for UdpDevice {
             Waiting::AsyncEvent => self.core().query(take),
             Waiting::Cq => {
                 if let Some(r) = self.core().query(&mut take)? {
+                    self.core().app_found();
                     return Ok(Some(r));
                 }
                 self.core().app_poll();
-                self.core().query(take)
+                let r = self.core().query(take)?;
+                if r.is_none() {
+                    // A busy-polling application on a loaded machine: let the peer (often
+                    // another process on the same host) and this device's thread run.
+                    std::thread::yield_now();
+                } else {
+                    self.core().app_found();
+                }
+                Ok(r)
             }
         }
     }

@@ -20,8 +20,14 @@
 //! - **Polling application threads**: a `poll_cq` that finds the CQ empty and an MR read
 //!   ([`Core::app_poll`]) run one nonblocking pass (steps 1–4 below) in the caller's thread,
 //!   if no one else holds [`Io`]. While one has polled within [`POLL_HANDOFF`] the thread
-//!   sleeps with the socket taken out of its poller (no wake-up per datagram); a thread about
-//!   to sleep on a completion channel hands the device back at once ([`Core::app_sleeps`]).
+//!   leaves the device to it and sleeps; while an application thread keeps polling, the
+//!   socket is out of the thread's poller (no wake-up per datagram). A poll that finds
+//!   completions ([`Core::app_found`]) puts it back, as the application may now stop calling:
+//!   a datagram that arrives then wakes the thread, which moves it itself if it is still
+//!   unread and no application thread has polled for [`APP_GRACE`] ([`Progress::cover`]: the
+//!   application went on to spin on its memory without calling the library, as
+//!   `ib_write_lat` does). A thread about to sleep on a completion channel hands the device
+//!   back at once ([`Core::app_sleeps`]).
 //!   If such a pass has nothing but ACKs to send, they wait for the caller's next call on the
 //!   device and leave after the packets that call makes ([`Io::release_acks`]): the
 //!   application sees what arrived one `sendto` earlier and its answer is not queued behind
@@ -52,7 +58,7 @@
 //! 5. (the thread only) wait in [`Poll::poll`] until a datagram, the doorbell, writability or
 //!    the next deadline (engine timer or delayed datagram of either direction) — or not at all
 //!    if a batch limit left work behind, or in busy-poll mode; or, while application threads
-//!    poll, sleep up to [`POLL_HANDOFF`] with the socket out of the poller.
+//!    poll, sleep up to [`POLL_HANDOFF`], woken by a datagram only to cover it (see above).
 //!
 //! # Locks and the parking protocol
 //!
@@ -98,10 +104,16 @@ pub const RX_BATCH: usize = 64;
 pub const TX_BATCH: usize = 64;
 /// While an application thread has polled a device (a `poll` that found a CQ empty, an MR
 /// `read`) within this time, the device's progress runs in the polling threads and the
-/// progress thread sleeps with the socket out of its poller; after it, the thread takes over
+/// progress thread sleeps, with the socket out of its poller while they keep polling and in
+/// it once a poll found completions (see [`APP_GRACE`]); after it, the thread takes over
 /// again (and spins in busy-poll mode). An application thread that goes to sleep on a
 /// completion channel of the device hands over at once.
 pub const POLL_HANDOFF: Duration = Duration::from_millis(1);
+/// A datagram that arrives while application threads drive the device (see
+/// [`POLL_HANDOFF`]) wakes the progress thread; if no application thread has polled for this
+/// long (it went on to spin on its memory, as `ib_write_lat` does), the thread moves the
+/// datagram itself, at once or as soon as the time has passed.
+pub const APP_GRACE: Duration = Duration::from_micros(10);
 /// The longest the progress thread sleeps while traffic moves (a pass, or a verbs call, sent
 /// or received something since it last parked): a timer a verbs call arms further away than
 /// this needs no doorbell. Once a whole tick passes without traffic the thread sleeps until
@@ -173,6 +185,10 @@ pub struct DriverStats {
     /// device: a CQ poll that found the CQ empty, an MR read (see
     /// [`crate::UdpDevice::set_busy_poll`]).
     pub app_passes: u64,
+    /// Datagrams that arrived while application threads drove the device but that none of
+    /// them picked up within [`APP_GRACE`], so the progress thread ran the passes itself
+    /// (counted once per such wake-up).
+    pub covered: u64,
 }
 
 #[derive(Debug, Default)]
@@ -195,6 +211,7 @@ struct AtomicStats {
     inline_sends: AtomicU64,
     doorbells: AtomicU64,
     app_passes: AtomicU64,
+    covered: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
@@ -249,6 +266,8 @@ pub(crate) struct Core {
     deferring: AtomicBool,
     /// The last call on the device was a `post_send` (see [`Core::post`]).
     posting: AtomicBool,
+    /// The socket is out of the progress thread's poller (an application thread polls).
+    socket_out: AtomicBool,
 }
 
 impl Core {
@@ -372,8 +391,32 @@ impl Core {
             return;
         };
         bump(&self.stats.app_passes, 1);
+        if self.deferring.load(Ordering::Acquire) {
+            // The progress thread left the device to the polling threads and this one reads
+            // the socket now: arrivals need not wake it. (A thread parked otherwise keeps
+            // the socket: it has no other wake-up for it; its next pass puts it back.)
+            self.socket_in(io, false);
+        }
         let release = self.release_held.swap(false, Ordering::AcqRel);
         io.pass(self, release, true, true);
+    }
+
+    /// An application thread's poll found completions: it may stop polling now (and, say,
+    /// spin on its memory), so the socket goes back into the progress thread's poller, where
+    /// an arriving datagram wakes the thread (see [`APP_GRACE`]). Nothing to do (one atomic
+    /// load) unless an earlier poll took it out.
+    pub(crate) fn app_found(&self) {
+        if self.socket_out.load(Ordering::Acquire) {
+            if let Some(io) = self.io().as_mut() {
+                self.socket_in(io, true);
+            }
+        }
+    }
+
+    /// Puts the socket into the progress thread's poller or takes it out, and notes which.
+    fn socket_in(&self, io: &mut Io, on: bool) {
+        io.register(on);
+        self.socket_out.store(!io.registered, Ordering::Release);
     }
 
     /// An application thread is about to sleep (on a completion channel): ACKs its passes
@@ -381,6 +424,7 @@ impl Core {
     /// [`POLL_HANDOFF`].
     pub(crate) fn app_sleeps(&self) {
         self.app_poll.store(0, Ordering::Release);
+        self.app_found();
         if let Some(mut guard) = self.try_io() {
             if let Some(io) = guard.as_mut().filter(|io| !io.held_acks.is_empty()) {
                 io.release_acks();
@@ -488,6 +532,7 @@ impl Core {
             inline_sends: get(&s.inline_sends),
             doorbells: get(&s.doorbells),
             app_passes: get(&s.app_passes),
+            covered: get(&s.covered),
         }
     }
 }
@@ -511,6 +556,7 @@ impl Runtime {
     ) -> Result<Runtime> {
         let Bound {
             mut socket,
+            peek,
             state,
             info,
         } = bound;
@@ -581,9 +627,11 @@ impl Runtime {
             app_poll: AtomicU64::new(0),
             deferring: AtomicBool::new(false),
             posting: AtomicBool::new(false),
+            socket_out: AtomicBool::new(false),
         });
         let progress = Progress {
             core: core.clone(),
+            peek,
             poll,
             events: Events::with_capacity(8),
         };
@@ -681,8 +729,8 @@ struct Pass {
 pub(crate) struct Io {
     /// The progress thread's poller, to arm writability and take the socket in and out.
     registry: Registry,
-    /// The socket is in the poller (it is taken out while application threads
-    /// drive the device).
+    /// The socket is in the poller (it is out while application threads poll, see
+    /// [`Core::app_poll`] and [`Core::app_found`]).
     registered: bool,
     /// Writability is (or, once registered again, will be) asked for.
     writable_armed: bool,
@@ -730,6 +778,8 @@ pub(crate) struct Io {
 /// The progress thread's own state.
 struct Progress {
     core: Arc<Core>,
+    /// The socket, to peek at (see [`Progress::cover`]).
+    peek: std::net::UdpSocket,
     poll: Poll,
     events: Events,
 }
@@ -740,27 +790,29 @@ impl Progress {
         // Skip the receive call of a pass that only re-runs for a command (the socket was
         // drained by the pass before, and a datagram since then is a new poller event).
         let mut skip_rx = false;
-        // Whether the socket is in the poller (only this thread moves it in and out).
-        let mut in_poller = true;
         while !core.is_stopped() {
             bump(&core.stats.wakeups, 1);
             core.parked.store(false, Ordering::SeqCst);
             if let Some(left) = core.app_driving() {
-                // The application threads drive the device: sleep without the socket in the
-                // poller, so that datagrams do not wake us, until they stop polling.
+                // The application threads drive the device: sleep until they stop polling.
+                // The socket is out of the poller while they keep polling (`app_poll`) and
+                // back in once a poll found completions (`app_found`), so that a datagram
+                // none of them picks up (the application went on to spin on its memory) is
+                // not left waiting.
                 skip_rx = false;
-                core.deferring.store(true, Ordering::Release);
-                if in_poller {
-                    let Some(registered) = self.with_io(|io| {
-                        io.register(false);
-                        io.registered
-                    }) else {
-                        break;
-                    };
-                    in_poller = registered;
+                // A datagram that woke the thread before an application thread polled (from
+                // a park, or the last wait here) is covered before it sleeps again.
+                if !self.socket_ready() {
+                    core.deferring.store(true, Ordering::Release);
+                    self.wait(Some(left));
+                    core.deferring.store(false, Ordering::Release);
                 }
-                self.wait(Some(left));
-                core.deferring.store(false, Ordering::Release);
+                if self.socket_ready() {
+                    self.events.clear();
+                    if self.cover().is_none() {
+                        break;
+                    }
+                }
                 continue;
             }
             if core.busy_poll() {
@@ -780,8 +832,7 @@ impl Progress {
                 let Some(io) = guard.as_mut() else {
                     break;
                 };
-                io.register(true);
-                in_poller = io.registered;
+                core.socket_in(io, true);
                 let release = core.release_held.swap(false, Ordering::AcqRel);
                 let pass = io.pass(&core, release, !skip_rx, false);
                 skip_rx = false;
@@ -810,6 +861,58 @@ impl Progress {
         }
         // Closes the socket; later commands find no socket side and move nothing.
         core.io().take();
+    }
+
+    /// Whether the last wait returned because the socket became readable.
+    fn socket_ready(&self) -> bool {
+        self.events
+            .iter()
+            .any(|e| e.token() == SOCKET && e.is_readable())
+    }
+
+    /// A datagram arrived while application threads drive the device: it is theirs if one
+    /// polls before [`APP_GRACE`] has passed since the last poll (its pass reads the socket);
+    /// otherwise this thread runs passes until the socket is drained. An application that
+    /// stopped polling long ago (it spins on its memory) gets its datagram at once. `None` if
+    /// the socket side is gone.
+    fn cover(&self) -> Option<()> {
+        let core = &self.core;
+        let arrived = clock(core.epoch).as_nanos();
+        let grace = u64::try_from(APP_GRACE.as_nanos()).unwrap_or(u64::MAX);
+        loop {
+            let last = core.app_poll.load(Ordering::Acquire);
+            if last >= arrived || !self.datagram_waits() {
+                // An application thread polled since (its pass reads the socket), or one
+                // already read it.
+                return Some(());
+            }
+            if clock(core.epoch).as_nanos().saturating_sub(last) >= grace {
+                // Without waiting for the socket side: an application thread that holds it
+                // runs a pass, and the next round sees its poll or gets the side.
+                if let Some(mut guard) = core.try_io() {
+                    let io = guard.as_mut()?;
+                    bump(&core.stats.covered, 1);
+                    loop {
+                        let release = core.release_held.swap(false, Ordering::AcqRel);
+                        if !io.pass(core, release, true, false).more {
+                            return Some(());
+                        }
+                    }
+                }
+            }
+            // Let the application thread (on a loaded machine, maybe on this CPU) run.
+            std::thread::yield_now();
+        }
+    }
+
+    /// Whether a datagram waits in the socket (a one-byte peek; an error counts as yes, and
+    /// the pass that reads it reports it).
+    fn datagram_waits(&self) -> bool {
+        let mut byte = [0u8; 1];
+        match self.peek.peek_from(&mut byte) {
+            Ok(_) => true,
+            Err(e) => e.kind() != IoKind::WouldBlock,
+        }
     }
 
     /// Runs `f` on the socket side; `None` if it is gone.

@@ -71,6 +71,9 @@ pub(crate) struct Options {
 #[derive(Debug)]
 pub(crate) struct Bound {
     pub(crate) socket: mio::net::UdpSocket,
+    /// The same socket (a duplicated descriptor, nonblocking too), for the progress thread to
+    /// see whether a datagram is still waiting without taking the socket side.
+    pub(crate) peek: std::net::UdpSocket,
     /// `None`: batching could not be set up; plain `recv_from`/`send_to`.
     pub(crate) state: Option<UdpSocketState>,
     pub(crate) info: SocketInfo,
@@ -138,9 +141,11 @@ pub(crate) fn bind(addr: SocketAddr, opts: &Options) -> io::Result<Bound> {
             1
         },
     };
+    let peek: std::net::UdpSocket = socket.try_clone()?.into();
     let std_socket: std::net::UdpSocket = socket.into();
     Ok(Bound {
         socket: mio::net::UdpSocket::from_std(std_socket),
+        peek,
         state,
         info,
     })

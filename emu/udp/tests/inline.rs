@@ -241,3 +241,36 @@ fn busy_poll_application_threads_drive_both_directions() {
     assert_eq!(b.wc().wr_id, 7);
     assert_eq!(a.wc().wr_id, 7);
 }
+
+/// An application that polled its CQ and then spins on its memory without calling the library
+/// (perftest's `ib_write_lat`): the peer's WRITE arriving within the hand-off time wakes the
+/// progress thread, which moves it (`covered`) instead of waiting for the hand-off to end.
+#[test]
+fn a_write_for_an_application_that_stopped_polling_is_covered() {
+    let p = UdpProvider::builder()
+        .device(addr("127.0.0.105:0"))
+        .device(addr("127.0.0.106:0"))
+        .build()
+        .unwrap();
+    let (a, b) = pair(&p, &RcConnectOptions::default());
+    let dst = a.mr(64);
+    let src = b.mr(8);
+    let op = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    let mut wc = [WorkCompletion::default()];
+    for n in 0..50u64 {
+        // a polls once (empty: a's thread leaves the device to it), then stops calling.
+        assert_eq!(a.cq.poll(&mut wc).unwrap(), 0);
+        b.qp.post_send(&[
+            SendWr::new(n, op, &[src.sge(0, 8).unwrap()]).with_flags(SendFlags::SIGNALED)
+        ])
+        .unwrap();
+        // b's completion needs a's device to take the WRITE and ACK it.
+        assert_eq!(spin_wc(&b).wr_id, n);
+    }
+    let s = a.ctx.driver_stats();
+    assert!(s.covered > 0, "{s:?}");
+    p.shutdown();
+}

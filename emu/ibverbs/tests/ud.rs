@@ -11,9 +11,11 @@
 
 use std::ffi::c_int;
 use std::ptr::null_mut;
-use std::sync::Once;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::errno;
 use ibverbs_sys::*;
 use softverbs_ibverbs::device::*;
 use softverbs_ibverbs::objects::*;
@@ -28,28 +30,9 @@ const IBV_WC_GRH: u32 = 1;
 const IBV_WC_WITH_IMM: u32 = 2;
 const SIGNALED: u32 = 2;
 
-fn setup() {
-    static ONCE: Once = Once::new();
-    // SAFETY: set once, before any thread of this test binary reads the variable.
-    ONCE.call_once(|| unsafe { std::env::set_var("SOFTVERBS_UDP_ADDRS", ADDRS) });
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap()
-}
-
+/// Opens device `i`.
 fn open(i: usize) -> *mut ibv_context {
-    setup();
-    unsafe {
-        let mut n = 0;
-        let list = ibv_get_device_list(&mut n);
-        assert!(!list.is_null(), "errno {}", errno());
-        assert_eq!(n, 2);
-        let ctx = ibv_open_device(*list.add(i));
-        ibv_free_device_list(list);
-        assert!(!ctx.is_null());
-        ctx
-    }
+    common::open(ADDRS, i)
 }
 
 fn cap() -> ibv_qp_cap {

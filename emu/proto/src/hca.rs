@@ -125,6 +125,23 @@ pub struct Hca {
     own_ip: IpAddr,
 }
 
+/// The context of one engine step over `$hca`'s tables, at `$now`, with memory `$mem`. A macro
+/// rather than a method: it borrows the tables field by field, so the step may hold a QP of
+/// `$hca.qps` at the same time.
+macro_rules! step_ctx {
+    ($hca:expr, $now:expr, $mem:expr) => {
+        Ctx {
+            now: $now,
+            mrs: &$hca.mrs,
+            mws: &mut $hca.mws,
+            srqs: &mut $hca.srqs,
+            mem: $mem,
+            wcs: &mut $hca.wcs,
+            events: &mut $hca.events,
+        }
+    };
+}
+
 impl Hca {
     /// A fresh HCA with no objects.
     pub fn new(config: HcaConfig) -> Hca {
@@ -1085,15 +1102,7 @@ impl Hca {
             return;
         }
         let op = pkt.bth.opcode;
-        let mut ctx = Ctx {
-            now,
-            mrs: &self.mrs,
-            mws: &mut self.mws,
-            srqs: &mut self.srqs,
-            mem,
-            wcs: &mut self.wcs,
-            events: &mut self.events,
-        };
+        let mut ctx = step_ctx!(self, now, mem);
         let fatal = if op.is_request() {
             responder::handle_request(qp, &mut ctx, &pkt) == responder::Disposition::Fatal
         } else {
@@ -1118,15 +1127,7 @@ impl Hca {
             qp.rc.stats.count_drop(cause);
             return;
         }
-        let mut ctx = Ctx {
-            now,
-            mrs: &self.mrs,
-            mws: &mut self.mws,
-            srqs: &mut self.srqs,
-            mem,
-            wcs: &mut self.wcs,
-            events: &mut self.events,
-        };
+        let mut ctx = step_ctx!(self, now, mem);
         let fatal = crate::uc::receive(qp, &mut ctx, &pkt);
         self.after_step(qpn, fatal, false);
     }
@@ -1143,15 +1144,7 @@ impl Hca {
         let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Ud) else {
             return;
         };
-        let mut ctx = Ctx {
-            now,
-            mrs: &self.mrs,
-            mws: &mut self.mws,
-            srqs: &mut self.srqs,
-            mem,
-            wcs: &mut self.wcs,
-            events: &mut self.events,
-        };
+        let mut ctx = step_ctx!(self, now, mem);
         crate::ud::receive(qp, &mut ctx, &pkt, ip);
         self.after_step(qpn, false, false);
     }
@@ -1170,15 +1163,7 @@ impl Hca {
                 continue;
             };
             qp.rc.timer_key = None;
-            let mut ctx = Ctx {
-                now,
-                mrs: &self.mrs,
-                mws: &mut self.mws,
-                srqs: &mut self.srqs,
-                mem,
-                wcs: &mut self.wcs,
-                events: &mut self.events,
-            };
+            let mut ctx = step_ctx!(self, now, mem);
             let fatal = completer::handle_timeout(qp, &mut ctx) == completer::Disposition::Fatal;
             self.after_step(qpn, fatal, true);
         }
@@ -1204,15 +1189,7 @@ impl Hca {
             };
             qp.rc.queued = false;
             if qp.qp_type == QpType::Ud {
-                let mut ctx = Ctx {
-                    now,
-                    mrs: &self.mrs,
-                    mws: &mut self.mws,
-                    srqs: &mut self.srqs,
-                    mem,
-                    wcs: &mut self.wcs,
-                    events: &mut self.events,
-                };
+                let mut ctx = step_ctx!(self, now, mem);
                 let mut fatal = false;
                 let sport = self.config.source_port;
                 let mtu = self.config.active_mtu.bytes();
@@ -1234,15 +1211,7 @@ impl Hca {
                 .source_port
                 .unwrap_or_else(|| crate::wire::ip::udp_sport(qpn, qp.attr.dest_qp_num));
             let src = SocketAddr::new(src_ip, src_port);
-            let mut ctx = Ctx {
-                now,
-                mrs: &self.mrs,
-                mws: &mut self.mws,
-                srqs: &mut self.srqs,
-                mem,
-                wcs: &mut self.wcs,
-                events: &mut self.events,
-            };
+            let mut ctx = step_ctx!(self, now, mem);
             let out = responder::next_packet(qp, &mut ctx, src, buf).or_else(|| {
                 requester::next_packet(qp, &mut ctx, src, buf).map(|l| (l, PacketClass::Request))
             });

@@ -370,12 +370,20 @@ pub fn parse(text: &str, seed: u64, nodes: u32) -> Result<RunPlan, PlanFileError
     })
 }
 
+/// `msg` on one line; a parser that gives no message at all (the toml crate does for some
+/// inputs, e.g. `sffffffffft =`) still gets one.
 fn one_line(msg: &str) -> String {
-    msg.trim()
+    let line = msg
+        .trim()
         .lines()
         .map(str::trim)
         .collect::<Vec<_>>()
-        .join("; ")
+        .join("; ");
+    if line.is_empty() {
+        "invalid TOML".to_owned()
+    } else {
+        line
+    }
 }
 
 fn plan_error(e: PlanError, shift: usize) -> PlanFileError {

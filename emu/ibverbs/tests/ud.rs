@@ -191,33 +191,12 @@ impl Node {
 
     fn post_recv(&self, offset: usize, len: u32, wr_id: u64) {
         let mut sge = self.sge(offset, len);
-        let mut wr = ibv_recv_wr {
-            wr_id,
-            next: null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad = null_mut();
-        let r = unsafe { ((*self.ctx).ops.post_recv.unwrap())(self.qp, &mut wr, &mut bad) };
-        assert_eq!(r, 0);
+        common::post_recv_one(self.ctx, self.qp, &mut sge, wr_id);
     }
 
     /// Polls `n` completions through the ops table (5 s at most).
     fn poll(&self, n: usize) -> Vec<ibv_wc> {
-        let mut out = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while out.len() < n {
-            assert!(
-                Instant::now() < deadline,
-                "{} of {n} completions",
-                out.len()
-            );
-            let mut wc = [ibv_wc::default(); 4];
-            let got = unsafe { ((*self.ctx).ops.poll_cq.unwrap())(self.cq, 4, wc.as_mut_ptr()) };
-            assert!(got >= 0);
-            out.extend_from_slice(&wc[..got as usize]);
-        }
-        out
+        common::poll_n(self.ctx, self.cq, n)
     }
 
     /// No completion within 200 ms.

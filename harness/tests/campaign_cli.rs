@@ -242,3 +242,166 @@ fn bad_campaign_flags_exit_2_and_start_nothing() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("is not empty"), "{stderr}");
 }
+
+/// The row fields that do not depend on timing, with the run directory taken out of the replay.
+fn outcome(row: &Value, run_dir: &str) -> Value {
+    let mut o = serde_json::Map::new();
+    for key in ["index", "seed", "workload", "plan", "plan_hash", "verdict"] {
+        o.insert(key.to_owned(), row[key].clone());
+    }
+    let failed: Vec<String> = row["failed_invariants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().split(' ').next().unwrap().to_owned())
+        .collect();
+    o.insert("failed".to_owned(), failed.into());
+    o.insert("violated".to_owned(), (num(&row["violations"]) > 0).into());
+    let replay = row["replay"].as_str().unwrap().replace(run_dir, "DIR");
+    o.insert("replay".to_owned(), replay.into());
+    Value::Object(o)
+}
+
+#[test]
+fn shards_merged_equal_the_unsharded_campaign() {
+    let base = [
+        "--runs",
+        "5",
+        "--seed",
+        "21",
+        "--workload",
+        "stream-write",
+        "--ops",
+        "150",
+        "--self-test-corrupt",
+        "3",
+    ];
+    let (code, whole_stdout, stderr, whole, whole_dir) = campaign("shard-whole", &base);
+    assert_eq!(code, 1, "{whole_stdout}\n{stderr}");
+    let whole = whole.unwrap();
+    assert!(whole["shard"].is_null());
+    let id = whole["campaign_id"].as_str().unwrap().to_owned();
+    // Shard K of 2 does the runs i with i mod 2 == K - 1, and writes only their plans.
+    let mut reports = Vec::new();
+    for (k, runs) in [(1, vec![0, 2, 4]), (2, vec![1, 3])] {
+        let mut args = base.to_vec();
+        let shard = format!("{k}/2");
+        args.extend(["--shard", &shard]);
+        let (code, stdout, stderr, r, dir) = campaign(&format!("shard-{k}"), &args);
+        let r = r.unwrap();
+        assert_eq!(code, if k == 2 { 1 } else { 0 }, "{stdout}\n{stderr}");
+        assert_eq!(r["campaign_id"], id.as_str());
+        assert_eq!(num(&r["shard"]["index"]), k);
+        let done: Vec<u64> = r["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| num(&x["index"]))
+            .collect();
+        assert_eq!(done, runs);
+        let plans: Vec<String> = runs.iter().map(|i| format!("run-{i:03}.toml")).collect();
+        assert_eq!(entries(&dir.join("plans")), plans);
+        reports.push((dir.parent().unwrap().join("report.json"), r, dir));
+    }
+    let out = test_dir("shard-merged").join("merged.json");
+    let (a, b) = (
+        reports[0].0.display().to_string(),
+        reports[1].0.display().to_string(),
+    );
+    let o = out.display().to_string();
+    // Order does not matter.
+    let (code, stdout, stderr) = softverbs(&["campaign", "merge", &b, &a, "--report", &o], LIMIT);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    let merged: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(merged["campaign_id"], id.as_str());
+    for key in [
+        "seed",
+        "runs",
+        "nodes",
+        "workload",
+        "ops",
+        "passed",
+        "exit_code",
+    ] {
+        assert_eq!(merged[key], whole[key], "{key}");
+    }
+    for key in ["runs", "passed", "failed", "harness_errors", "not_run"] {
+        assert_eq!(merged["totals"][key], whole["totals"][key], "totals.{key}");
+    }
+    let whole_dir = whole_dir.display().to_string();
+    let rows = |r: &Value, dirs: &[&str]| -> Vec<Value> {
+        r["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| {
+                let d = dirs
+                    .iter()
+                    .find(|d| x["replay"].as_str().unwrap().contains(*d))
+                    .unwrap();
+                outcome(x, d)
+            })
+            .collect()
+    };
+    let shard_dirs: Vec<String> = reports.iter().map(|r| r.2.display().to_string()).collect();
+    let shard_dirs: Vec<&str> = shard_dirs.iter().map(String::as_str).collect();
+    assert_eq!(rows(&merged, &shard_dirs), rows(&whole, &[&whole_dir]));
+    assert_eq!(merged["rows"][3]["verdict"], "FAIL");
+    assert!(stdout.contains("run 3 FAIL"), "{stdout}");
+    assert!(
+        stdout.contains("result: FAIL (1 of 5 runs violated)"),
+        "{stdout}"
+    );
+    // The merged table has the unsharded one's header and rows, up to the columns that depend
+    // on timing (ops, errors, retransmits).
+    let table = |s: &str| -> Vec<String> {
+        let header = s.lines().find(|l| l.starts_with(" run ")).unwrap();
+        let cut = header.find("  ops ok").unwrap();
+        s.lines()
+            .skip_while(|l| !l.starts_with(" run "))
+            .take(6)
+            .map(|l| l.chars().take(cut).collect())
+            .collect()
+    };
+    assert_eq!(table(&stdout), table(&whole_stdout));
+}
+
+#[test]
+fn merge_refuses_other_campaigns_and_duplicate_or_missing_shards() {
+    let dry = |name: &str, seed: &str, shard: &str| -> String {
+        let (code, stdout, stderr, _, dir) = campaign(
+            name,
+            &["--runs", "6", "--seed", seed, "--dry-run", "--shard", shard],
+        );
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        dir.parent()
+            .unwrap()
+            .join("report.json")
+            .display()
+            .to_string()
+    };
+    let s1 = dry("m-s1", "7", "1/3");
+    let s2 = dry("m-s2", "7", "2/3");
+    let s3 = dry("m-s3", "7", "3/3");
+    let other = dry("m-other", "8", "3/3");
+    let (code, stdout, stderr) = softverbs(&["campaign", "merge", &s1, &s2, &s3], LIMIT);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("dry run: 6 plans"), "{stdout}");
+    for (args, says) in [
+        (vec![&s1, &s2, &other], "different campaigns"),
+        (vec![&s1, &s2, &s2, &s3], "given twice"),
+        (vec![&s1, &s3], "missing shard(s) 2/3"),
+    ] {
+        let mut full = vec!["campaign", "merge"];
+        full.extend(args.iter().map(|s| s.as_str()));
+        let (code, stdout, stderr) = softverbs(&full, LIMIT);
+        assert_eq!(code, 2, "{full:?}\n{stdout}\n{stderr}");
+        assert!(stderr.contains(says), "{full:?}: {stderr}");
+        assert!(stdout.is_empty(), "nothing merged: {stdout}");
+    }
+    for shard in ["0/3", "4/3", "3", "1/0", "a/b"] {
+        let (code, _, stderr, report, _) = campaign("m-bad", &["--shard", shard]);
+        assert_eq!(code, 2, "{shard}: {stderr}");
+        assert!(report.is_none());
+    }
+}

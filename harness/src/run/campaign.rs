@@ -8,8 +8,16 @@
 //! replayed alone with the `softverbs run … --faults DIR/plans/run-NNN.toml --seed X` command
 //! the summary prints. Passing runs leave only their plan behind.
 //!
+//! `--shard K/N` (K from 1) runs only the runs `i` with `i mod N == K - 1` of the same drawn
+//! set, and `softverbs campaign merge` ([`merge`]) combines the N shard reports into the report
+//! and table of the unsharded campaign. Every report carries the campaign's identity
+//! ([`CampaignReport::campaign_id`]: a hash of its parameters and every run's seed, workload and
+//! plan), so reports of different campaigns are never merged.
+//!
 //! Exit codes: 0 every run passed; 1 at least one run violated an invariant; 2 invalid flags
 //! (nothing was started); 3 a run could not be started (and none violated).
+
+pub mod merge;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -21,7 +29,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::run::draw::{DrawParams, DrawnPlan};
 use crate::run::layout::{self, Workload};
@@ -86,9 +94,57 @@ fn duration_arg(s: &str) -> Result<Duration, String> {
     crate::run::plan::parse_duration(s)
 }
 
+/// One of N deterministic slices of a campaign (`--shard K/N`, K from 1): run `i` belongs to
+/// shard `i mod N + 1`, so shards 1..=N together do every run exactly once.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    /// K, 1..=`count`.
+    pub index: u32,
+    /// N, at least 1.
+    pub count: u32,
+}
+
+impl Shard {
+    /// Whether run `run` (0-based) belongs to this shard.
+    pub fn owns(self, run: u32) -> bool {
+        run % self.count == self.index - 1
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+/// Parses `K/N` with 1 ≤ K ≤ N ≤ 100,000.
+pub fn shard_arg(s: &str) -> Result<Shard, String> {
+    let bad = || format!("`{s}`: expected K/N with 1 <= K <= N (shards count from 1), e.g. 1/4");
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    let index: u32 = k.trim().parse().map_err(|_| bad())?;
+    let count: u32 = n.trim().parse().map_err(|_| bad())?;
+    if index == 0 || count == 0 || index > count || count > 100_000 {
+        return Err(bad());
+    }
+    Ok(Shard { index, count })
+}
+
+/// What `softverbs campaign` can do besides running a campaign.
+#[derive(clap::Subcommand, Clone, Debug)]
+pub enum CampaignCommand {
+    /// Combine the JSON reports of the shards of one campaign (`--shard K/N --report …`) into
+    /// the report and table of the unsharded campaign. Refuses reports of different campaigns,
+    /// a shard given twice and missing shards (exit 2). Exit code otherwise as the campaign's.
+    Merge(merge::MergeArgs),
+}
+
 /// Flags of `softverbs campaign`.
 #[derive(clap::Args, Clone, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct CampaignArgs {
+    /// `merge`, instead of running a campaign.
+    #[command(subcommand)]
+    pub command: Option<CampaignCommand>,
     /// Runs to do.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub runs: u32,
@@ -126,6 +182,10 @@ pub struct CampaignArgs {
     /// Draw the plans, write them and print the table, but run nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Do only shard K of N (K from 1): the runs `i` with `i mod N == K - 1` of the same drawn
+    /// set; `softverbs campaign merge` combines the N reports.
+    #[arg(long, value_name = "K/N", value_parser = shard_arg)]
+    pub shard: Option<Shard>,
     /// Corrupt one byte of the evidence of this run (proves a violation fails the campaign).
     #[arg(long, hide = true, value_name = "RUN")]
     pub self_test_corrupt: Option<u32>,
@@ -220,6 +280,12 @@ pub struct Totals {
 pub struct CampaignReport {
     /// softverbs version.
     pub version: String,
+    /// The campaign's identity: a hash of its parameters (seed, runs, nodes, workload choice,
+    /// bound, QP parameters) and of every run's seed, workload and plan hash, hex. Shards of
+    /// one campaign share it.
+    pub campaign_id: String,
+    /// The shard this report covers (`None`: the whole campaign, or a merge of its shards).
+    pub shard: Option<Shard>,
     /// The campaign seed.
     pub seed: u64,
     /// Runs asked for.
@@ -296,9 +362,13 @@ fn default_run_args() -> Result<RunArgs, String> {
 struct Setup {
     seed: u64,
     dir: PathBuf,
+    /// The runs to do: every run, or the shard's.
     jobs: Vec<Job>,
     base: RunArgs,
+    /// Width of the plan column, over every run of the campaign (so shards print alike).
     plan_width: usize,
+    /// [`CampaignReport::campaign_id`].
+    id: String,
 }
 
 fn validate(args: &CampaignArgs) -> Result<Setup, String> {
@@ -395,13 +465,51 @@ fn setup_jobs(args: &CampaignArgs, seed: u64, mut base: RunArgs) -> Result<Setup
         .map(|j| j.plan.summary().chars().count())
         .max()
         .unwrap_or(0);
+    let id = campaign_id(args, seed, &base, &jobs);
+    let jobs = match args.shard {
+        Some(shard) => jobs.into_iter().filter(|j| shard.owns(j.index)).collect(),
+        None => jobs,
+    };
     Ok(Setup {
         seed,
         dir,
         jobs,
         base,
         plan_width,
+        id,
     })
+}
+
+/// [`CampaignReport::campaign_id`]: FNV-1a over the parameters that decide what is run and
+/// how it is judged, and every run's seed, workload and plan hash.
+fn campaign_id(args: &CampaignArgs, seed: u64, base: &RunArgs, jobs: &[Job]) -> String {
+    let mut text = format!(
+        "seed={seed};runs={};nodes={};workload={};ops={:?};duration_ms={:?};qp_timeout={};\
+         retry_cnt={};rnr_retry={}",
+        args.runs,
+        args.nodes,
+        args.workload.name(),
+        base.ops,
+        base.duration.map(|d| d.as_millis()),
+        base.qp_timeout,
+        base.retry_cnt,
+        base.rnr_retry,
+    );
+    for j in jobs {
+        let _ = write!(
+            text,
+            ";{}:{}:{}:{:x}",
+            j.index,
+            j.seed,
+            j.workload.name(),
+            j.plan.network().hash()
+        );
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }
 
 /// Writes every plan file (creating `DIR/plans`).
@@ -433,8 +541,11 @@ fn write_plans(setup: &Setup, args: &CampaignArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `softverbs campaign`; returns the exit code.
+/// Runs `softverbs campaign` (or `softverbs campaign merge`); returns the exit code.
 pub fn campaign(args: &CampaignArgs) -> u8 {
+    if let Some(CampaignCommand::Merge(m)) = &args.command {
+        return merge::merge(m);
+    }
     let setup = match validate(args) {
         Ok(s) => s,
         Err(e) => {
@@ -452,9 +563,13 @@ pub fn campaign(args: &CampaignArgs) -> u8 {
         (None, Some(d)) => format!("{} per run", format_duration(d)),
         (None, None) => String::new(),
     };
+    let shard = match args.shard {
+        Some(s) => format!(", shard {s} ({} of them)", setup.jobs.len()),
+        None => String::new(),
+    };
     println!(
-        "softverbs campaign: {} runs, seed {}, {} nodes, workload {}, {per_run}, {} at a time, \
-         run dir {}",
+        "softverbs campaign: {} runs{shard}, seed {}, {} nodes, workload {}, {per_run}, {} at a \
+         time, run dir {}",
         args.runs,
         setup.seed,
         args.nodes,
@@ -465,7 +580,7 @@ pub fn campaign(args: &CampaignArgs) -> u8 {
     println!("{}", header_line(setup.plan_width));
 
     let multi = indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
-    let bar = campaign_bar(&multi, args.runs);
+    let bar = campaign_bar(&multi, setup.jobs.len() as u32);
     let rows: Mutex<Vec<Option<RunRow>>> = Mutex::new(vec![None; setup.jobs.len()]);
     let next = AtomicUsize::new(0);
     let give_up = AtomicBool::new(false);
@@ -473,7 +588,7 @@ pub fn campaign(args: &CampaignArgs) -> u8 {
     let stats = Mutex::new((0u32, 0u32, 0u64));
     if !args.dry_run {
         std::thread::scope(|scope| {
-            for _ in 0..args.jobs.min(args.runs) {
+            for _ in 0..(args.jobs as usize).min(setup.jobs.len()) {
                 scope.spawn(|| {
                     loop {
                         let k = next.fetch_add(1, Ordering::SeqCst);
@@ -535,15 +650,11 @@ pub fn campaign(args: &CampaignArgs) -> u8 {
         }
     }
     let totals = totals(&rows);
-    let exit_code = if totals.failed > 0 {
-        EXIT_VIOLATION
-    } else if totals.harness_errors > 0 || (totals.not_run > 0 && !args.dry_run) {
-        EXIT_HARNESS
-    } else {
-        EXIT_PASS
-    };
+    let exit_code = exit_code(&totals, args.dry_run);
     let report = CampaignReport {
         version: env!("CARGO_PKG_VERSION").to_owned(),
+        campaign_id: setup.id.clone(),
+        shard: args.shard,
         seed: setup.seed,
         runs: args.runs,
         nodes: args.nodes,
@@ -561,18 +672,31 @@ pub fn campaign(args: &CampaignArgs) -> u8 {
     };
     print!("{}", render_end(&report));
     if let Some(path) = &args.report {
-        let written = serde_json::to_vec_pretty(&report)
-            .map_err(|e| e.to_string())
-            .and_then(|j| std::fs::write(path, j).map_err(|e| e.to_string()));
-        if let Err(e) = written {
-            eprintln!(
-                "softverbs campaign: cannot write the report {}: {e}",
-                path.display()
-            );
+        if let Err(e) = write_campaign_report(&report, path) {
+            eprintln!("softverbs campaign: {e}");
             return EXIT_HARNESS;
         }
     }
     exit_code
+}
+
+/// The campaign's exit code from its totals.
+fn exit_code(totals: &Totals, dry_run: bool) -> u8 {
+    if totals.failed > 0 {
+        EXIT_VIOLATION
+    } else if totals.harness_errors > 0 || (totals.not_run > 0 && !dry_run) {
+        EXIT_HARNESS
+    } else {
+        EXIT_PASS
+    }
+}
+
+/// Writes `report` as pretty JSON to `path`.
+fn write_campaign_report(report: &CampaignReport, path: &Path) -> Result<(), String> {
+    serde_json::to_vec_pretty(report)
+        .map_err(|e| e.to_string())
+        .and_then(|j| std::fs::write(path, j).map_err(|e| e.to_string()))
+        .map_err(|e| format!("cannot write the report {}: {e}", path.display()))
 }
 
 fn campaign_bar(multi: &indicatif::MultiProgress, runs: u32) -> Option<indicatif::ProgressBar> {
@@ -924,6 +1048,23 @@ mod tests {
             .map(|(_, w)| w.name())
             .collect();
         assert_eq!(kinds.len(), 5);
+    }
+
+    #[test]
+    fn shards_partition_the_runs() {
+        assert_eq!(shard_arg("2/3"), Ok(Shard { index: 2, count: 3 }));
+        for bad in ["0/3", "4/3", "3", "1/0", "x/2", ""] {
+            assert!(shard_arg(bad).is_err(), "{bad}");
+        }
+        let shards: Vec<Shard> = (1..=3).map(|k| Shard { index: k, count: 3 }).collect();
+        for run in 0..10 {
+            let owners: Vec<u32> = shards
+                .iter()
+                .filter(|s| s.owns(run))
+                .map(|s| s.index)
+                .collect();
+            assert_eq!(owners, [run % 3 + 1]);
+        }
     }
 
     #[test]

@@ -71,6 +71,19 @@ def k8s():
         need(claim is None or claim in claims, f"claim {claim} is not in the manifest")
 
 
+def k8s_merge():
+    with open(f"{DEPLOY}/k8s-merge-job.yaml") as f:
+        job = yaml.safe_load(f)
+    need(job["kind"] == "Job" and job["apiVersion"] == "batch/v1", "merge: not a batch/v1 Job")
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    script = " ".join(c.get("command", []) + c.get("args", []))
+    need("softverbs campaign merge /reports/report-*.json" in script, "merge: no merge command")
+    mounts = {v["mountPath"] for v in c.get("volumeMounts", [])}
+    claims = [v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["volumes"]]
+    need("/reports" in mounts and claims == ["softverbs-reports"], "merge: not on the reports claim")
+
+
 def slurm():
     with open(f"{DEPLOY}/slurm-campaign.sh") as f:
         text = f.read()
@@ -80,6 +93,7 @@ def slurm():
 
 workflow()
 k8s()
+k8s_merge()
 slurm()
 for p in problems:
     print(f"check-deploy: {p}", file=sys.stderr)

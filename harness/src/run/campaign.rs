@@ -160,6 +160,9 @@ pub struct CampaignArgs {
     /// atomic-counter, mixed, ud-send).
     #[arg(long, default_value = "cycle", value_parser = workload_choice)]
     pub workload: WorkloadChoice,
+    /// RC QPs between each pair of peers in every run (`softverbs run --qps-per-peer`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=504))]
+    pub qps_per_peer: u32,
     /// Operations each node of each run posts (faults are then placed within the first
     /// second and may come after a short workload has ended).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "duration")]
@@ -292,6 +295,8 @@ pub struct CampaignReport {
     pub runs: u32,
     /// Nodes per run.
     pub nodes: u32,
+    /// RC QPs per pair of peers in every run (`--qps-per-peer`).
+    pub qps_per_peer: u32,
     /// `cycle`, `draw` or a workload name.
     pub workload: String,
     /// `--ops`, if given.
@@ -399,7 +404,25 @@ fn validate(args: &CampaignArgs) -> Result<Setup, String> {
         given_dir_is_empty(dir)?;
     }
     let base = default_run_args()?;
+    check_qps(args, &base)?;
     setup_jobs(args, seed, base)
+}
+
+/// Refuses a `--qps-per-peer` that some run of the campaign could not take (see
+/// `softverbs run`).
+fn check_qps(args: &CampaignArgs, base: &RunArgs) -> Result<(), String> {
+    let workloads: Vec<Workload> = match args.workload {
+        WorkloadChoice::Fixed(w) => vec![w],
+        _ => crate::run::layout::RC_WORKLOADS.to_vec(),
+    };
+    for workload in workloads {
+        let mut run = base.clone();
+        run.nodes = args.nodes;
+        run.workload = workload;
+        run.qps_per_peer = args.qps_per_peer;
+        orchestrator::check_qps_per_peer(&run)?;
+    }
+    Ok(())
 }
 
 /// Refuses a given campaign directory that exists and is not empty.
@@ -430,6 +453,7 @@ fn setup_jobs(args: &CampaignArgs, seed: u64, mut base: RunArgs) -> Result<Setup
         )?,
     };
     base.nodes = args.nodes;
+    base.qps_per_peer = args.qps_per_peer;
     base.ops = args.ops;
     base.duration = match args.ops {
         Some(_) => None,
@@ -484,10 +508,11 @@ fn setup_jobs(args: &CampaignArgs, seed: u64, mut base: RunArgs) -> Result<Setup
 /// how it is judged, and every run's seed, workload and plan hash.
 fn campaign_id(args: &CampaignArgs, seed: u64, base: &RunArgs, jobs: &[Job]) -> String {
     let mut text = format!(
-        "seed={seed};runs={};nodes={};workload={};ops={:?};duration_ms={:?};qp_timeout={};\
-         retry_cnt={};rnr_retry={}",
+        "seed={seed};runs={};nodes={};qps_per_peer={};workload={};ops={:?};duration_ms={:?};\
+         qp_timeout={};retry_cnt={};rnr_retry={}",
         args.runs,
         args.nodes,
+        base.qps_per_peer,
         args.workload.name(),
         base.ops,
         base.duration.map(|d| d.as_millis()),
@@ -535,6 +560,15 @@ fn write_plans(setup: &Setup, args: &CampaignArgs) -> Result<(), String> {
             job.seed,
             job.plan_file.display()
         );
+        let header = if args.qps_per_peer > 1 {
+            header.replacen(
+                "--workload",
+                &format!("--qps-per-peer {} --workload", args.qps_per_peer),
+                2,
+            )
+        } else {
+            header
+        };
         std::fs::write(&job.plan_file, job.plan.to_toml(&header))
             .map_err(|e| format!("cannot write {}: {e}", job.plan_file.display()))?;
     }
@@ -658,6 +692,7 @@ pub fn campaign(args: &CampaignArgs) -> u8 {
         seed: setup.seed,
         runs: args.runs,
         nodes: args.nodes,
+        qps_per_peer: args.qps_per_peer,
         workload: args.workload.name().to_owned(),
         ops: args.ops,
         duration_ms: setup.base.duration.map(|d| d.as_millis() as u64),
@@ -763,8 +798,13 @@ fn replay(args: &RunArgs, job: &Job) -> String {
         (Some(o), None) => format!(" --ops {o}"),
         (None, None) => String::new(),
     };
+    let qps = if args.qps_per_peer > 1 {
+        format!(" --qps-per-peer {}", args.qps_per_peer)
+    } else {
+        String::new()
+    };
     format!(
-        "softverbs run --nodes {} --workload {} --seed {} --faults {}{bound}",
+        "softverbs run --nodes {}{qps} --workload {} --seed {} --faults {}{bound}",
         args.nodes,
         job.workload.name(),
         job.seed,

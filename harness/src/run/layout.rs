@@ -117,6 +117,24 @@ pub fn position(n: u32, workload: Workload, i: u32, j: u32) -> Option<usize> {
     peers(n, workload, i).iter().position(|&p| p == j)
 }
 
+/// The link position of QP `q` of node `i`'s `qps` QPs to `j` (`--qps-per-peer`): its link
+/// block in `i`'s region and its fin word. Every QP is a link of its own: the QPs of a peer
+/// are `qps` consecutive links, in the peer list's order.
+pub fn link_position(
+    n: u32,
+    workload: Workload,
+    qps: u32,
+    i: u32,
+    j: u32,
+    q: u32,
+) -> Option<usize> {
+    (q < qps).then_some(position(n, workload, i, j)? * qps as usize + q as usize)
+}
+
+/// Most links one node's region holds: a fin word each between [`FIN_OFF`] and
+/// [`PATTERN_OFF`].
+pub const MAX_LINKS: u64 = (PATTERN_OFF - FIN_OFF) / 8;
+
 /// The loopback address of node `i`'s device: 127.0.0.(10 + i), port chosen by the OS.
 pub fn node_ip(i: u32) -> std::net::Ipv4Addr {
     let last = u8::try_from(10 + i.min(MAX_NODES)).unwrap_or(u8::MAX);
@@ -390,6 +408,25 @@ mod tests {
         let whole = pattern(3, 1, 0, 100);
         assert_eq!(pattern(3, 1, 13, 40), whole[13..53].to_vec());
         assert_ne!(pattern(3, 2, 0, 100), whole);
+    }
+
+    #[test]
+    fn the_qps_of_a_peer_are_consecutive_links() {
+        // Node 1 of 3 (mesh): peers 0 and 2; with 4 QPs each, links 0..4 and 4..8.
+        let at = |j, q| link_position(3, Workload::Mixed, 4, 1, j, q);
+        assert_eq!(
+            (at(0, 0), at(0, 3), at(2, 0), at(2, 3)),
+            (Some(0), Some(3), Some(4), Some(7))
+        );
+        assert_eq!(at(2, 4), None);
+        assert_eq!(at(1, 0), None);
+        // One QP per peer: the peer list position.
+        assert_eq!(
+            link_position(3, Workload::Mixed, 1, 1, 2, 0),
+            position(3, Workload::Mixed, 1, 2)
+        );
+        assert_eq!(MAX_LINKS, 504);
+        assert!(FIN_OFF + 8 * MAX_LINKS <= PATTERN_OFF);
     }
 
     #[test]

@@ -61,6 +61,9 @@ pub enum Entry {
     Send {
         /// Peer index.
         peer: u32,
+        /// Which of the QPs to this peer (`--qps-per-peer`; 0, and left out, for the first).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        qp: u32,
         /// wr_id from the completion (the node numbers the WRs of each QP 1, 2, 3, …).
         wr: u64,
         /// The operation the node posted with that wr_id.
@@ -96,6 +99,9 @@ pub enum Entry {
     Recv {
         /// Peer index.
         peer: u32,
+        /// Which of the QPs to this peer (`--qps-per-peer`; 0, and left out, for the first).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        qp: u32,
         /// wr_id (receive slot + 1).
         wr: u64,
         /// Completion status.
@@ -122,10 +128,17 @@ pub enum Entry {
 pub struct Posted {
     /// Peer index.
     pub peer: u32,
+    /// Which of the QPs to this peer (`--qps-per-peer`; 0, and left out, for the first).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub qp: u32,
     /// Send WRs posted (wr_ids 1..=send).
     pub send: u64,
     /// Receive WRs posted (wr_ids 1..=recv).
     pub recv: u64,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Minimum time between two `fdatasync`s of a log.
@@ -266,6 +279,7 @@ mod tests {
     fn send(wr: u64) -> Entry {
         Entry::Send {
             peer: 1,
+            qp: 0,
             wr,
             op: OpKind::Write,
             status: 0,

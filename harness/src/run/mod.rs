@@ -66,6 +66,11 @@ pub struct RunArgs {
     /// Workload with built-in verification.
     #[arg(long, value_enum, default_value_t = Workload::Mixed)]
     pub workload: Workload,
+    /// RC QPs between each pair of peers (1–504): each node spreads its operations to a peer
+    /// round-robin over them, and each QP is verified on its own (exactly once, in order,
+    /// intact). A node holds at most 504 QPs (peers × this); not with `ud-send`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=504))]
+    pub qps_per_peer: u32,
     /// Plan file: network fault rules (emu-fault `[[rule]]` tables) and `[[process]]` faults.
     #[arg(long, value_name = "PLAN.toml")]
     pub faults: Option<PathBuf>,

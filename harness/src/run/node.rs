@@ -181,7 +181,9 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
     };
     let pd = ctx.alloc_pd().map_err(err("alloc_pd"))?;
     let path = cfg.run_dir.join(layout::mr_file(cfg.index, cfg.generation));
-    let len = usize::try_from(layout::region_len(peers.len())).map_err(err("region size"))?;
+    let qps = cfg.qps_per_peer.max(1);
+    let links = peers.len() * qps as usize;
+    let len = usize::try_from(layout::region_len(links)).map_err(err("region size"))?;
     let mr = ctx
         .reg_mr_file(&pd, &path, len, ACCESS)
         .map_err(err("registering the MR file"))?;
@@ -215,7 +217,8 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         ..cap
     };
     let mut raw = Vec::new();
-    for &peer in &peers {
+    // Peer-major: the QPs of a peer are consecutive links (`layout::link_position`).
+    for (peer, q) in peers.iter().flat_map(|&p| (0..qps).map(move |q| (p, q))) {
         let scq = ctx
             .create_cq(256, Some(&channel))
             .map_err(err("create_cq"))?;
@@ -246,20 +249,32 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         } else {
             None
         };
-        raw.push((peer, qp, scq, rcq, resp));
+        raw.push((peer, q, qp, scq, rcq, resp));
     }
-    let psn = |peer: u32, side: u64| {
-        (layout::mix(cfg.seed ^ u64::from(cfg.index) << 40 ^ u64::from(peer) << 8 ^ side)
-            & 0xFF_FFFF) as u32
+    // QP q > 0 of a pair draws its PSNs with q mixed in; QP 0's are those of a single QP.
+    let psn = |peer: u32, q: u32, side: u64| {
+        (layout::mix(
+            cfg.seed
+                ^ u64::from(cfg.index) << 40
+                ^ u64::from(peer) << 8
+                ^ side
+                ^ u64::from(q) << 20,
+        ) & 0xFF_FFFF) as u32
     };
-    let mut endpoints = Vec::new();
-    for (peer, qp, ..) in &raw {
+    let mut endpoints: Vec<HelloEndpoint> = Vec::new();
+    for (peer, q, qp, ..) in &raw {
         if *peer != cfg.index {
-            let ep = qp.endpoint(psn(*peer, 0)).map_err(err("endpoint"))?;
-            endpoints.push(HelloEndpoint {
-                peer: *peer,
-                endpoint: ep.to_string(),
-            });
+            let ep = qp.endpoint(psn(*peer, *q, 0)).map_err(err("endpoint"))?;
+            match endpoints.last_mut() {
+                Some(last) if last.peer == *peer => {
+                    last.endpoint.push(';');
+                    last.endpoint += &ep.to_string();
+                }
+                _ => endpoints.push(HelloEndpoint {
+                    peer: *peer,
+                    endpoint: ep.to_string(),
+                }),
+            }
         }
     }
     let my_mr = RemoteMr {
@@ -289,13 +304,13 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         ..RcConnectOptions::default()
     };
     let mut links = Vec::with_capacity(raw.len());
-    for (pos, (peer, qp, scq, rcq, resp)) in raw.into_iter().enumerate() {
-        let peer_pos = layout::position(cfg.nodes, cfg.workload, peer, cfg.index)
+    for (pos, (peer, q, qp, scq, rcq, resp)) in raw.into_iter().enumerate() {
+        let peer_pos = layout::link_position(cfg.nodes, cfg.workload, qps, peer, cfg.index, q)
             .ok_or_else(|| format!("node {peer} does not list node {}", cfg.index))?;
         let mut ud = None;
         let remote = if let Some((rqp, _)) = &resp {
-            let ep_a = qp.endpoint(psn(peer, 1)).map_err(err("endpoint"))?;
-            let ep_b = rqp.endpoint(psn(peer, 2)).map_err(err("endpoint"))?;
+            let ep_a = qp.endpoint(psn(peer, q, 1)).map_err(err("endpoint"))?;
+            let ep_b = rqp.endpoint(psn(peer, q, 2)).map_err(err("endpoint"))?;
             connect_rc(&qp, ep_a.psn, &ep_b, &opts).map_err(err("connecting the loopback QP"))?;
             connect_rc(rqp, ep_b.psn, &ep_a, &opts).map_err(err("connecting the loopback QP"))?;
             my_mr
@@ -305,15 +320,16 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
                 .find(|p| p.index == peer)
                 .ok_or_else(|| format!("no endpoint for peer {peer}"))?;
             if cfg.workload.is_ud() {
-                let (remote, ah, dest) = connect_ud(&ctx, &pd, &qp, psn(peer, 0), info)?;
+                let (remote, ah, dest) = connect_ud(&ctx, &pd, &qp, psn(peer, 0, 0), info)?;
                 ud = Some((ah, dest));
                 remote
             } else {
-                connect_peer(&ctx, &qp, psn(peer, 0), info, &opts)?
+                connect_peer(&ctx, &qp, psn(peer, q, 0), info, q, &opts)?
             }
         };
         let mut link = Link::new(peer, pos, peer_pos, qp, scq, rcq, resp, remote);
         link.ud = ud;
+        link.qp_index = q;
         links.push(link);
     }
     let mut node = Node {
@@ -366,10 +382,14 @@ fn connect_peer(
     qp: &UdpQp,
     psn: u32,
     info: &PeerInfo,
+    q: u32,
     opts: &RcConnectOptions,
 ) -> Result<RemoteMr, String> {
     let ep: Endpoint = info
         .endpoint
+        .split(';')
+        .nth(q as usize)
+        .ok_or_else(|| format!("peer {} has no QP {q} for this node", info.index))?
         .parse()
         .map_err(err(&format!("peer {} endpoint", info.index)))?;
     let remote: RemoteMr = info
@@ -479,6 +499,8 @@ enum Fin {
 
 struct Link {
     peer: u32,
+    /// Which of the QPs to the peer this is (`--qps-per-peer`).
+    qp_index: u32,
     /// This node's position for the peer: its areas in this node's MR.
     pos: usize,
     /// The peer's position for this node: this node's areas in the peer's MR.
@@ -530,6 +552,7 @@ impl Link {
     ) -> Link {
         Link {
             peer,
+            qp_index: 0,
             pos,
             peer_pos,
             qp,
@@ -1248,6 +1271,7 @@ impl Node {
             // Logged as is: the checker sees a wr_id that breaks the sequence.
             self.log.push(&Entry::Send {
                 peer: link.peer,
+                qp: link.qp_index,
                 wr: wc.wr_id,
                 op: OpKind::Fin,
                 status: wc.status as u32,
@@ -1324,6 +1348,7 @@ impl Node {
         }
         self.log.push(&Entry::Send {
             peer: link.peer,
+            qp: link.qp_index,
             wr: wc.wr_id,
             op: op.op,
             status: wc.status as u32,
@@ -1348,6 +1373,7 @@ impl Node {
             .then_some(wc.imm_data);
         self.log.push(&Entry::Recv {
             peer: link.peer,
+            qp: link.qp_index,
             wr: wc.wr_id,
             status: wc.status as u32,
             at: unix_ms(),
@@ -1457,6 +1483,7 @@ impl Node {
             .iter()
             .map(|l| Posted {
                 peer: l.peer,
+                qp: l.qp_index,
                 send: l.last_wr,
                 recv: l.recv_posted,
             })

@@ -34,6 +34,7 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 struct Config {
     nodes: u32,
     workload: Workload,
+    qps_per_peer: u32,
     seed: u64,
     ops: Option<u64>,
     duration: Option<Duration>,
@@ -225,6 +226,7 @@ pub fn execute(args: &RunArgs, opts: &Options) -> Result<Report, RunError> {
             dir: &orch.cfg.run_dir,
             nodes: orch.cfg.nodes,
             workload: orch.cfg.workload,
+            qps_per_peer: orch.cfg.qps_per_peer,
         };
         match selftest::plant(kind, run) {
             Ok(what) if !opts.quiet => eprintln!("softverbs run: self-test: planted {what}"),
@@ -254,6 +256,7 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
             plan::parse(&text, seed, args.nodes).map_err(|e| format!("{}: {e}", path.display()))?
         }
     };
+    check_qps_per_peer(args)?;
     if let Some(d) = &args.run_dir {
         check_given_run_dir(d)?;
     }
@@ -293,6 +296,7 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
     Ok(Config {
         nodes: args.nodes,
         workload: args.workload,
+        qps_per_peer: args.qps_per_peer,
         seed,
         ops,
         duration: args.duration,
@@ -311,6 +315,34 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
         self_test: args.self_test,
         exe,
     })
+}
+
+/// Refuses a `--qps-per-peer` the workload or a node's region cannot take: UD (its links are
+/// datagram QPs), or more links (peers × QPs per peer) on a node than it has fin words for.
+pub(crate) fn check_qps_per_peer(args: &RunArgs) -> Result<(), String> {
+    let q = args.qps_per_peer;
+    if q == 1 {
+        return Ok(());
+    }
+    if args.workload.is_ud() {
+        return Err(format!(
+            "--qps-per-peer {q}: the {} workload has one UD QP per link",
+            args.workload.name()
+        ));
+    }
+    let most = (0..args.nodes)
+        .map(|i| layout::peers(args.nodes, args.workload, i).len() as u64)
+        .max()
+        .unwrap_or(0);
+    if most * u64::from(q) > layout::MAX_LINKS {
+        return Err(format!(
+            "--qps-per-peer {q}: a node of this run has {most} peers, so {} QPs; a node holds at \
+             most {}",
+            most * u64::from(q),
+            layout::MAX_LINKS
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a `--run-dir` that is a symbolic link (evidence would be written wherever it
@@ -478,6 +510,7 @@ impl Orchestrator {
             generation,
             nodes: self.cfg.nodes,
             workload: self.cfg.workload,
+            qps_per_peer: self.cfg.qps_per_peer,
             seed: self.cfg.seed,
             ops: self.cfg.ops,
             duration_ms: self.cfg.duration.map(|d| d.as_millis() as u64),
@@ -1094,6 +1127,9 @@ impl Orchestrator {
             c.workload.name(),
             c.seed
         );
+        if c.qps_per_peer != 1 {
+            cmd += &format!(" --qps-per-peer {}", c.qps_per_peer);
+        }
         if let Some(p) = &c.plan_path {
             cmd += &format!(" --faults {}", shell_quote(p));
         }
@@ -1133,6 +1169,7 @@ impl Orchestrator {
         let evidence = Evidence {
             nodes: c.nodes,
             workload: c.workload,
+            qps_per_peer: c.qps_per_peer,
             seed: c.seed,
             qp: c.qp,
             slack: c.slack,
@@ -1207,6 +1244,7 @@ impl Orchestrator {
             seed: c.seed,
             workload: c.workload.name().to_owned(),
             nodes: c.nodes,
+            qps_per_peer: c.qps_per_peer,
             ops: c.ops,
             duration_ms: c.duration.map(|d| d.as_millis() as u64),
             plan: PlanInfo {
@@ -1312,6 +1350,7 @@ fn shell_quote(p: &Path) -> String {
 fn corrupt_evidence(cfg: &Config) -> Result<String, String> {
     let n = cfg.nodes;
     let w = cfg.workload;
+    let lp = |i: u32, j: u32, q: u32| layout::link_position(n, w, cfg.qps_per_peer, i, j, q);
     let mut target: Option<(u32, u64, String)> = None;
     'find: for i in 0..n {
         let Ok(log) = read_log(&cfg.run_dir.join(layout::log_file(i, 0))) else {
@@ -1320,6 +1359,7 @@ fn corrupt_evidence(cfg: &Config) -> Result<String, String> {
         for e in &log.entries {
             let Entry::Send {
                 peer,
+                qp,
                 op,
                 status: 0,
                 seq,
@@ -1332,7 +1372,7 @@ fn corrupt_evidence(cfg: &Config) -> Result<String, String> {
             };
             let (file, off) = match op {
                 OpKind::Write => {
-                    let Some(pos) = layout::position(n, w, *peer, i) else {
+                    let Some(pos) = lp(*peer, i, *qp) else {
                         continue;
                     };
                     let off = layout::link_base(pos)
@@ -1342,7 +1382,7 @@ fn corrupt_evidence(cfg: &Config) -> Result<String, String> {
                     (*peer, off)
                 }
                 OpKind::Send => {
-                    let Some(pos) = layout::position(n, w, *peer, i) else {
+                    let Some(pos) = lp(*peer, i, *qp) else {
                         continue;
                     };
                     // A UD slot starts with the GRH (and a clean run fills slot k with
@@ -1356,7 +1396,7 @@ fn corrupt_evidence(cfg: &Config) -> Result<String, String> {
                     (*peer, off)
                 }
                 OpKind::Read => {
-                    let Some(pos) = layout::position(n, w, i, *peer) else {
+                    let Some(pos) = lp(i, *peer, *qp) else {
                         continue;
                     };
                     (

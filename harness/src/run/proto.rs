@@ -90,6 +90,13 @@ pub struct NodeConfig {
     /// network faults, and what it received).
     #[serde(default)]
     pub pcap: Option<PathBuf>,
+    /// RC QPs per peer (`--qps-per-peer`); each is a link of its own.
+    #[serde(default = "one")]
+    pub qps_per_peer: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// One peer, as a node learns it.
@@ -99,7 +106,8 @@ pub struct PeerInfo {
     pub index: u32,
     /// The peer device's UDP address.
     pub addr: String,
-    /// The peer's QP for this node (`Endpoint` text form).
+    /// The peer's QPs for this node (`Endpoint` text form; with `--qps-per-peer` N > 1, the
+    /// N endpoints in QP order, separated by `;`).
     pub endpoint: String,
     /// The peer's memory region (`RemoteMr` text form).
     pub mr: String,
@@ -129,7 +137,8 @@ pub enum ToNode {
 pub struct HelloEndpoint {
     /// The peer this QP is for.
     pub peer: u32,
-    /// The QP (`Endpoint` text form).
+    /// The QP (`Endpoint` text form; with `--qps-per-peer` N > 1, the N QPs in order,
+    /// separated by `;`).
     pub endpoint: String,
 }
 

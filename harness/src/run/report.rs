@@ -24,6 +24,9 @@ pub struct Report {
     pub workload: String,
     /// Node count.
     pub nodes: u32,
+    /// RC QPs per pair of peers (`--qps-per-peer`; left out when 1).
+    #[serde(skip_serializing_if = "is_one")]
+    pub qps_per_peer: u32,
     /// `--ops`, if given.
     pub ops: Option<u64>,
     /// `--duration` in ms, if given.
@@ -161,14 +164,21 @@ fn human_bytes(b: u64) -> String {
     }
 }
 
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
 /// The human summary.
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
-    let run = match (r.ops, r.duration_ms) {
+    let mut run = match (r.ops, r.duration_ms) {
         (Some(o), _) => format!("{o} ops/node"),
         (None, Some(d)) => format!("{d} ms"),
         _ => String::new(),
     };
+    if r.qps_per_peer > 1 {
+        run += &format!(", {} QPs per peer", r.qps_per_peer);
+    }
     let _ = writeln!(
         s,
         "softverbs run: {} nodes, {}, {run}, seed {}, plan {} ({} rules, {} process faults), {:.2} s",

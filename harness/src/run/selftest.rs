@@ -51,10 +51,19 @@ pub struct Run<'a> {
     pub nodes: u32,
     /// Workload.
     pub workload: Workload,
+    /// RC QPs per pair of peers (`--qps-per-peer`).
+    pub qps_per_peer: u32,
 }
 
-/// One successful send-queue completion of node `i`: (i, peer, op, seq, len, roff).
-type Done = (u32, u32, OpKind, u64, u32, Option<u64>);
+impl Run<'_> {
+    /// The link position of node `i`'s QP `q` to `j`.
+    fn position(&self, i: u32, j: u32, q: u32) -> Option<usize> {
+        layout::link_position(self.nodes, self.workload, self.qps_per_peer.max(1), i, j, q)
+    }
+}
+
+/// One successful send-queue completion of node `i`: (i, peer, op, seq, len, roff, qp).
+type Done = (u32, u32, OpKind, u64, u32, Option<u64>, u32);
 
 /// Every successful send-queue completion of every node, in node and log order.
 fn successes(run: Run<'_>) -> Vec<Done> {
@@ -66,6 +75,7 @@ fn successes(run: Run<'_>) -> Vec<Done> {
         for e in &log.entries {
             if let Entry::Send {
                 peer,
+                qp,
                 op,
                 status: 0,
                 seq,
@@ -74,7 +84,7 @@ fn successes(run: Run<'_>) -> Vec<Done> {
                 ..
             } = *e
             {
-                all.push((i, peer, op, seq, len, roff));
+                all.push((i, peer, op, seq, len, roff, qp));
             }
         }
     }
@@ -105,7 +115,8 @@ pub fn plant(kind: SelfTest, run: Run<'_>) -> Result<String, String> {
         }
         SelfTest::MisplacedWrite | SelfTest::AckWithoutDelivery => {
             let d = find(OpKind::Write).ok_or_else(|| none("successful WRITE"))?;
-            let pos = layout::position(run.nodes, run.workload, d.1, d.0)
+            let pos = run
+                .position(d.1, d.0, d.6)
                 .ok_or_else(|| none("WRITE between peers"))?;
             let off = layout::link_base(pos) + layout::WRITE_OFF + d.5.unwrap_or(0);
             let path = run.dir.join(layout::mr_file(d.1, 0));
@@ -124,7 +135,8 @@ pub fn plant(kind: SelfTest, run: Run<'_>) -> Result<String, String> {
         }
         SelfTest::AcceptedPsnGap => {
             let (first, second) = two_sends(&done).ok_or_else(|| none("two SENDs on a QP"))?;
-            let pos = layout::position(run.nodes, run.workload, first.1, first.0)
+            let pos = run
+                .position(first.1, first.0, first.6)
                 .ok_or_else(|| none("SEND between peers"))?;
             let slot =
                 |seq: u64| layout::link_base(pos) + layout::RECV_OFF + seq * layout::RECV_SLOT;
@@ -144,7 +156,8 @@ pub fn plant(kind: SelfTest, run: Run<'_>) -> Result<String, String> {
 fn two_sends(done: &[Done]) -> Option<(Done, Done)> {
     let sends: Vec<&Done> = done.iter().filter(|d| d.2 == OpKind::Send).collect();
     sends.windows(2).rev().find_map(|w| {
-        (w[0].0 == w[1].0 && w[0].1 == w[1].1 && w[1].3 == w[0].3 + 1).then(|| (*w[0], *w[1]))
+        (w[0].0 == w[1].0 && w[0].1 == w[1].1 && w[0].6 == w[1].6 && w[1].3 == w[0].3 + 1)
+            .then(|| (*w[0], *w[1]))
     })
 }
 
@@ -155,7 +168,8 @@ fn drop_receive(run: Run<'_>, d: Done) -> Result<String, String> {
     let wanted = |line: &str| {
         matches!(
             serde_json::from_str::<Entry>(line),
-            Ok(Entry::Recv { peer, wr, status: 0, .. }) if peer == d.0 && wr == d.3 + 1
+            Ok(Entry::Recv { peer, qp, wr, status: 0, .. })
+                if peer == d.0 && qp == d.6 && wr == d.3 + 1
         )
     };
     let kept: Vec<&str> = text.lines().filter(|l| !wanted(l)).collect();

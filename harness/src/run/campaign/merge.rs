@@ -39,6 +39,8 @@ struct ShardReport {
     seed: u64,
     runs: u32,
     nodes: u32,
+    #[serde(default = "one")]
+    qps_per_peer: u32,
     workload: String,
     ops: Option<u64>,
     duration_ms: Option<u64>,
@@ -48,6 +50,10 @@ struct ShardReport {
     elapsed_ms: u64,
     shard: Option<Shard>,
     rows: Vec<RowOutcome>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// What merge reads of a run's row: how the run went (what was drawn is drawn again).
@@ -220,6 +226,7 @@ fn combine(paths: &[PathBuf], reports: &[ShardReport]) -> Result<Merged, String>
         seed: first.seed,
         runs: setup_args.runs,
         nodes: setup_args.nodes,
+        qps_per_peer: setup_args.qps_per_peer,
         workload: first.workload.clone(),
         ops: first.ops,
         duration_ms: first.duration_ms,
@@ -297,6 +304,7 @@ fn redraw(r: &ShardReport) -> Result<(CampaignArgs, usize, Vec<super::Job>, Stri
         runs: r.runs,
         seed: Some(r.seed),
         nodes: r.nodes,
+        qps_per_peer: r.qps_per_peer,
         workload: workload_choice(&r.workload)?,
         ops: r.ops,
         duration: match r.ops {

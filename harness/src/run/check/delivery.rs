@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use super::{Input, Invariant, SUCCESS, good_receives, sends};
+use super::{Input, Invariant, Link, SUCCESS, good_receives, sends};
 use crate::run::layout::{self, RecordKind, Workload};
 use crate::run::log::{Entry, LogRead, OpKind};
 
-/// One node's successful receive completions per peer: wr_id → (bytes, immediate data) of
-/// each completion with that wr_id.
-type Received = BTreeMap<u32, BTreeMap<u64, Vec<(u32, Option<u32>)>>>;
+/// One node's successful receive completions per link (peer and QP): wr_id → (bytes,
+/// immediate data) of each completion with that wr_id.
+type Received = BTreeMap<Link, BTreeMap<u64, Vec<(u32, Option<u32>)>>>;
 
 fn received(log: &LogRead) -> Received {
     let mut got: Received = BTreeMap::new();
@@ -47,21 +47,25 @@ pub(super) fn send_delivery(input: &Input<'_>) -> Invariant {
                 continue;
             };
             inv.checked += 1;
+            let back = Link { peer: i, qp: s.qp };
+            let to = Link {
+                peer: s.peer,
+                qp: s.qp,
+            };
             let matches = at_peer
-                .get(&i)
+                .get(&back)
                 .and_then(|m| m.get(&(s.seq + 1)))
                 .map_or(&[][..], Vec::as_slice);
             match matches {
                 [] => missing_receive(&mut inv, input, i, &s),
                 [(len, imm)] if *len == s.len && *imm == s.imm => {}
                 [(len, imm)] => inv.fail(format!(
-                    "node {i} → node {} SEND {} (slot {}): received as {len} bytes, imm \
+                    "node {i} → {to} SEND {} (slot {}): received as {len} bytes, imm \
                      {imm:?}; sent {} bytes, imm {:?}",
-                    s.peer, s.wr, s.seq, s.len, s.imm
+                    s.wr, s.seq, s.len, s.imm
                 )),
                 more => inv.fail(format!(
-                    "node {i} → node {} SEND {} (slot {}): {} receive completions",
-                    s.peer,
+                    "node {i} → {to} SEND {} (slot {}): {} receive completions",
                     s.wr,
                     s.seq,
                     more.len()
@@ -102,7 +106,8 @@ fn missing_receive(inv: &mut Invariant, input: &Input<'_>, i: u32, s: &super::Se
 /// Fails `inv` for each of node `i`'s successful receive completions (`got`) whose sender,
 /// having drained, logged no SEND for that slot.
 fn check_unsent(inv: &mut Invariant, input: &Input<'_>, i: u32, got: &Received) {
-    for (&peer, per_wr) in got {
+    for (&link, per_wr) in got {
+        let peer = link.peer;
         let Some(log) = input.log(peer) else {
             continue;
         };
@@ -111,10 +116,11 @@ fn check_unsent(inv: &mut Invariant, input: &Input<'_>, i: u32, got: &Received) 
         }
         for &wr in per_wr.keys() {
             inv.checked += 1;
-            let sent = sends(log).any(|s| s.peer == i && s.op == OpKind::Send && s.seq + 1 == wr);
+            let sent = sends(log)
+                .any(|s| s.peer == i && s.qp == link.qp && s.op == OpKind::Send && s.seq + 1 == wr);
             if !sent {
                 inv.fail(format!(
-                    "node {i} receive slot {} from node {peer}: a receive completion for a SEND \
+                    "node {i} receive slot {} from {link}: a receive completion for a SEND \
                      node {peer} never logged",
                     wr - 1
                 ));
@@ -129,37 +135,44 @@ fn check_pongs(inv: &mut Invariant, input: &Input<'_>, i: u32, log: &LogRead, go
     for s in sends(log).filter(|s| s.status == SUCCESS && s.kind == Some(RecordKind::Ping)) {
         let Some(no) = s.imm else { continue };
         inv.checked += 1;
+        let link = Link {
+            peer: s.peer,
+            qp: s.qp,
+        };
         let pong = got
-            .get(&s.peer)
+            .get(&link)
             .into_iter()
             .flat_map(|m| m.values().flatten())
             .any(|&(_, imm)| imm == Some(no | layout::PONG));
         if pong {
             continue;
         }
-        if pong_excused(input, i, s.peer) {
+        if pong_excused(input, i, link) {
             inv.note(format!(
-                "node {i} → node {}: no pong for ping {no}, explained by a fault",
-                s.peer
+                "node {i} → {link}: no pong for ping {no}, explained by a fault"
             ));
         } else {
             inv.fail(format!(
-                "node {i} → node {}: ping {no} was delivered but its pong never came back",
-                s.peer
+                "node {i} → {link}: ping {no} was delivered but its pong never came back"
             ));
         }
     }
 }
 
 /// Whether a fault explains a missing pong between `i` and `j`: the plan expects errors,
-/// either was killed or paused long, or either logged an error completion on their QP.
-fn pong_excused(input: &Input<'_>, i: u32, j: u32) -> bool {
+/// either was killed or paused long, or either logged an error completion on their QP
+/// (`link`: `j` and which of the QPs between them).
+fn pong_excused(input: &Input<'_>, i: u32, link: Link) -> bool {
+    let j = link.peer;
     let errored = |a: u32, b: u32| {
         input.log(a).is_some_and(|l| {
             l.entries.iter().any(|e| match *e {
-                Entry::Send { peer, status, .. } | Entry::Recv { peer, status, .. } => {
-                    peer == b && status != SUCCESS
+                Entry::Send {
+                    peer, qp, status, ..
                 }
+                | Entry::Recv {
+                    peer, qp, status, ..
+                } => peer == b && qp == link.qp && status != SUCCESS,
                 _ => false,
             })
         })

@@ -49,6 +49,7 @@ impl Wc {
     pub(super) fn entry(self) -> Entry {
         Entry::Send {
             peer: self.peer,
+            qp: 0,
             wr: self.wr,
             op: self.op,
             status: self.status,
@@ -124,6 +125,7 @@ impl Fixture {
             ev: Evidence {
                 nodes,
                 workload,
+                qps_per_peer: 1,
                 seed: SEED,
                 qp: QP,
                 slack: Duration::from_millis(500),
@@ -262,6 +264,7 @@ impl Fixture {
         self.put(j, off, &record);
         let recv = Entry::Recv {
             peer: i,
+            qp: 0,
             wr: wc.seq + 1,
             status: SUCCESS,
             at: wc.at,
@@ -313,6 +316,7 @@ impl Fixture {
             .into_iter()
             .map(|peer| Posted {
                 peer,
+                qp: 0,
                 send: self.logged(i, peer, false).len() as u64,
                 recv: self.logged(i, peer, true).len() as u64,
             })

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{FLUSH, Input, Invariant, LogCounts, SUCCESS, status_name};
+use super::{FLUSH, Input, Invariant, Link, LogCounts, SUCCESS, status_name};
 use crate::run::layout::{RecordKind, Workload};
 use crate::run::log::{Entry, LogRead, OpKind, Posted};
 
@@ -80,8 +80,9 @@ pub(super) fn log_integrity(input: &Input<'_>) -> Invariant {
     inv
 }
 
-/// One queue's completions per peer, as (wr_id, status) in log order.
-type PerPeer = BTreeMap<u32, Vec<(u64, u32)>>;
+/// One queue's completions per QP (peer and which of the QPs to it), as (wr_id, status) in
+/// log order.
+type PerPeer = BTreeMap<Link, Vec<(u64, u32)>>;
 
 /// One node's completions per QP, as (wr_id, status) in log order.
 struct Queues {
@@ -100,11 +101,33 @@ impl Queues {
         for e in &log.entries {
             match e {
                 Entry::Send {
-                    peer, wr, status, ..
-                } => q.send.entry(*peer).or_default().push((*wr, *status)),
+                    peer,
+                    qp,
+                    wr,
+                    status,
+                    ..
+                } => q
+                    .send
+                    .entry(Link {
+                        peer: *peer,
+                        qp: *qp,
+                    })
+                    .or_default()
+                    .push((*wr, *status)),
                 Entry::Recv {
-                    peer, wr, status, ..
-                } => q.recv.entry(*peer).or_default().push((*wr, *status)),
+                    peer,
+                    qp,
+                    wr,
+                    status,
+                    ..
+                } => q
+                    .recv
+                    .entry(Link {
+                        peer: *peer,
+                        qp: *qp,
+                    })
+                    .or_default()
+                    .push((*wr, *status)),
                 _ => {}
             }
         }
@@ -122,7 +145,7 @@ impl Queues {
     fn each(&self, i: u32) -> impl Iterator<Item = (String, &'static str, &[(u64, u32)])> + '_ {
         self.named().into_iter().flat_map(move |(queue, per_peer)| {
             per_peer.iter().map(move |(peer, list)| {
-                let name = format!("node {i} → node {peer} {queue} queue");
+                let name = format!("node {i} → {peer} {queue} queue");
                 (name, queue, list.as_slice())
             })
         })
@@ -188,18 +211,22 @@ fn end_line(log: &LogRead) -> Option<&[Posted]> {
 /// posted, or whose receive completions outnumber the receive WRs posted.
 fn check_all_completed(inv: &mut Invariant, i: u32, queues: &Queues, posted: &[Posted]) {
     for p in posted {
-        let got = queues.send.get(&p.peer).map_or(0, |l| l.len() as u64);
+        let link = Link {
+            peer: p.peer,
+            qp: p.qp,
+        };
+        let got = queues.send.get(&link).map_or(0, |l| l.len() as u64);
         if got != p.send {
             inv.fail(format!(
-                "node {i} → node {} send queue: {} WRs posted, {got} completions logged",
-                p.peer, p.send
+                "node {i} → {link} send queue: {} WRs posted, {got} completions logged",
+                p.send
             ));
         }
-        let got = queues.recv.get(&p.peer).map_or(0, |l| l.len() as u64);
+        let got = queues.recv.get(&link).map_or(0, |l| l.len() as u64);
         if got > p.recv {
             inv.fail(format!(
-                "node {i} → node {} receive queue: {} WRs posted, {got} completions",
-                p.peer, p.recv
+                "node {i} → {link} receive queue: {} WRs posted, {got} completions",
+                p.recv
             ));
         }
     }
@@ -395,6 +422,7 @@ mod tests {
     fn recv(peer: u32, wr: u64, status: u32) -> Entry {
         Entry::Recv {
             peer,
+            qp: 0,
             wr,
             status,
             at: 0,

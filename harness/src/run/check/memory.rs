@@ -21,9 +21,14 @@ struct LinkOp {
 }
 
 impl LinkOp {
-    /// "node i → node j", the start of the link's messages.
+    /// "node i → node j" (and " QP q" for a QP but the first), the start of the link's
+    /// messages.
     fn link(&self) -> String {
-        format!("node {} → node {}", self.i, self.j)
+        let link = super::Link {
+            peer: self.j,
+            qp: self.s.qp,
+        };
+        format!("node {} → {link}", self.i)
     }
 }
 
@@ -38,7 +43,7 @@ fn link_op(input: &Input<'_>, i: u32, s: SendWc) -> Result<Option<LinkOp>, Strin
     if s.status != SUCCESS {
         return Ok(None);
     }
-    match (input.position(j, i), input.position(i, j)) {
+    match (input.position(j, i, s.qp), input.position(i, j, s.qp)) {
         (Some(tpos), Some(mpos)) => Ok(Some(LinkOp {
             i,
             j,
@@ -155,14 +160,14 @@ fn check_sent(inv: &mut Invariant, input: &Input<'_>, op: &LinkOp) {
 /// immediate data).
 fn check_received(inv: &mut Invariant, input: &Input<'_>, i: u32, (peer, wr, len, imm): GoodRecv) {
     inv.checked += 1;
-    let Some(pos) = input.position(i, peer) else {
+    let Some(pos) = input.position(i, peer.peer, peer.qp) else {
         inv.fail(format!("node {i}: receive from node {peer}, not a peer"));
         return;
     };
     let slot = wr.saturating_sub(1);
     let off = layout::link_base(pos) + layout::RECV_OFF + slot * layout::RECV_SLOT;
     let bytes = input.mr(i).and_then(|m| super::slice(m, off, len as usize));
-    let what = format!("node {i} receive slot {slot} from node {peer}");
+    let what = format!("node {i} receive slot {slot} from {peer}");
     match bytes.map(layout::check_record) {
         None => inv.fail(format!("{what}: unreadable")),
         Some(Err(e)) => inv.fail(format!("{what}: {e}")),
@@ -475,6 +480,7 @@ mod tests {
             0,
             Entry::Recv {
                 peer: 1,
+                qp: 0,
                 wr: 2,
                 status: SUCCESS,
                 at: fx.now,

@@ -139,6 +139,8 @@ pub struct Evidence {
     pub nodes: u32,
     /// Workload.
     pub workload: Workload,
+    /// RC QPs per pair of peers (`--qps-per-peer`): each is a link of its own.
+    pub qps_per_peer: u32,
     /// Run seed.
     pub seed: u64,
     /// QP parameters.
@@ -275,9 +277,10 @@ impl Input<'_> {
         self.ev.facts.get(i as usize).unwrap_or(&NO_FACTS)
     }
 
-    /// Position of `j` in node `i`'s peer list.
-    fn position(&self, i: u32, j: u32) -> Option<usize> {
-        layout::position(self.ev.nodes, self.ev.workload, i, j)
+    /// Position of node `i`'s QP `q` to `j` among its links (its link block and fin word).
+    fn position(&self, i: u32, j: u32, q: u32) -> Option<usize> {
+        let qps = self.ev.qps_per_peer.max(1);
+        layout::link_position(self.ev.nodes, self.ev.workload, qps, i, j, q)
     }
 }
 
@@ -306,6 +309,8 @@ fn word_at(bytes: &[u8], off: u64) -> Option<u64> {
 #[derive(Copy, Clone, Debug)]
 struct SendWc {
     peer: u32,
+    /// Which of the QPs to `peer`.
+    qp: u32,
     wr: u64,
     op: OpKind,
     status: u32,
@@ -325,6 +330,7 @@ fn sends(log: &LogRead) -> impl Iterator<Item = SendWc> + '_ {
     log.entries.iter().filter_map(|e| match *e {
         Entry::Send {
             peer,
+            qp,
             wr,
             op,
             status,
@@ -339,6 +345,7 @@ fn sends(log: &LogRead) -> impl Iterator<Item = SendWc> + '_ {
             val,
         } => Some(SendWc {
             peer,
+            qp,
             wr,
             op,
             status,
@@ -357,19 +364,39 @@ fn sends(log: &LogRead) -> impl Iterator<Item = SendWc> + '_ {
 }
 
 /// One successful receive completion: (peer, wr_id, bytes, immediate data).
-type GoodRecv = (u32, u64, u32, Option<u32>);
+type GoodRecv = (Link, u64, u32, Option<u32>);
+
+/// One QP of a node to a peer: the peer's index and which of the QPs to it
+/// (`--qps-per-peer`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Link {
+    peer: u32,
+    qp: u32,
+}
+
+impl std::fmt::Display for Link {
+    /// `node J` (and ` QP q` when there is more than one QP to it).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node {}", self.peer)?;
+        if self.qp > 0 {
+            write!(f, " QP {}", self.qp)?;
+        }
+        Ok(())
+    }
+}
 
 /// The successful receive completions of a log, in log order.
 fn good_receives(log: &LogRead) -> impl Iterator<Item = GoodRecv> + '_ {
     log.entries.iter().filter_map(|e| match *e {
         Entry::Recv {
             peer,
+            qp,
             wr,
             status: SUCCESS,
             len,
             imm,
             ..
-        } => Some((peer, wr, len, imm)),
+        } => Some((Link { peer, qp }, wr, len, imm)),
         _ => None,
     })
 }

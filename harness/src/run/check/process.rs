@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{FLUSH, Input, Invariant, NodeFacts, RETRY_EXC, RNR_RETRY_EXC, SUCCESS, SendWc, sends};
+use super::{
+    FLUSH, Input, Invariant, Link, NodeFacts, RETRY_EXC, RNR_RETRY_EXC, SUCCESS, SendWc, sends,
+};
 use crate::run::layout;
 use crate::run::log::{Entry, LogRead, OpKind};
 
@@ -72,21 +74,22 @@ pub(super) fn dead_peer_detection(
             continue;
         };
         for a in layout::peers(input.ev.nodes, input.ev.workload, b) {
-            if a != b {
-                check_detection(&mut inv, input, (a, b, kill), detections);
+            for qp in (0..input.ev.qps_per_peer.max(1)).filter(|_| a != b) {
+                check_detection(&mut inv, input, (a, Link { peer: b, qp }, kill), detections);
             }
         }
     }
     inv
 }
 
-/// Checks how partner `a` detected that `b` was killed at `kill`.
+/// Checks how partner `a` detected, on its QP `link`, that `link.peer` was killed at `kill`.
 fn check_detection(
     inv: &mut Invariant,
     input: &Input<'_>,
-    (a, b, kill): (u32, u32, u64),
+    (a, link, kill): (u32, Link, u64),
     detections: &mut Vec<(u32, u32, u64)>,
 ) {
+    let b = link.peer;
     if input
         .fact(a)
         .killed_at
@@ -101,19 +104,19 @@ fn check_detection(
         return;
     };
     inv.checked += 1;
-    let on_link: Vec<SendWc> = sends(log).filter(|s| s.peer == b).collect();
+    let on_link: Vec<SendWc> = sends(log)
+        .filter(|s| s.peer == b && s.qp == link.qp)
+        .collect();
     if on_link
         .iter()
         .any(|s| s.op == OpKind::Fin && s.status == SUCCESS && s.at <= kill)
     {
-        inv.note(format!(
-            "node {a} had finished with node {b} before the kill"
-        ));
+        inv.note(format!("node {a} had finished with {link} before the kill"));
         return;
     }
     let Some(first) = on_link.iter().find(|s| s.status != SUCCESS) else {
         inv.fail(format!(
-            "node {a}: no error on its QP to node {b} after node {b} was killed"
+            "node {a}: no error on its QP to {link} after node {b} was killed"
         ));
         return;
     };
@@ -166,11 +169,11 @@ pub(super) fn liveness(input: &Input<'_>) -> Invariant {
         let Some(log) = input.log(i) else {
             continue;
         };
-        for (peer, first) in first_errors(log) {
+        for (link, first) in first_errors(log) {
             inv.checked += 1;
-            if !input.ev.expect_errors && !fault_explains(input, i, peer, &first) {
+            if !input.ev.expect_errors && !fault_explains(input, i, link, &first) {
                 inv.fail(format!(
-                    "node {i} → node {peer}: {} at +{} ms with no process fault to explain it",
+                    "node {i} → {link}: {} at +{} ms with no process fault to explain it",
                     super::status_name(first.status),
                     first.at.saturating_sub(input.run_start())
                 ));
@@ -210,27 +213,34 @@ struct FirstError {
     posted: u64,
 }
 
-/// Per peer, the first error completion (send or receive queue).
-fn first_errors(log: &LogRead) -> BTreeMap<u32, FirstError> {
-    let mut first: BTreeMap<u32, FirstError> = BTreeMap::new();
-    let mut first_send: BTreeMap<u32, u64> = BTreeMap::new();
+/// Per QP (peer and which of the QPs to it), the first error completion (send or receive
+/// queue).
+fn first_errors(log: &LogRead) -> BTreeMap<Link, FirstError> {
+    let mut first: BTreeMap<Link, FirstError> = BTreeMap::new();
+    let mut first_send: BTreeMap<Link, u64> = BTreeMap::new();
     for e in &log.entries {
         let (peer, status, at) = match *e {
             Entry::Send {
                 peer,
+                qp,
                 status,
                 at,
                 posted,
                 ..
             } => {
+                let peer = Link { peer, qp };
                 if status != SUCCESS {
                     first_send.entry(peer).or_insert(posted);
                 }
                 (peer, status, at)
             }
             Entry::Recv {
-                peer, status, at, ..
-            } => (peer, status, at),
+                peer,
+                qp,
+                status,
+                at,
+                ..
+            } => (Link { peer, qp }, status, at),
             _ => continue,
         };
         if status != SUCCESS {
@@ -251,13 +261,18 @@ fn first_errors(log: &LogRead) -> BTreeMap<u32, FirstError> {
 /// ([`fault_explains_directly`]), or because the other end's QP failed first for a reason a
 /// fault explains directly, and `e` came within the bound (retry budget + slack + `i`'s
 /// pauses) of that failure or of posting its WR (a QP in error answers nothing).
-fn fault_explains(input: &Input<'_>, i: u32, peer: u32, e: &FirstError) -> bool {
+fn fault_explains(input: &Input<'_>, i: u32, link: Link, e: &FirstError) -> bool {
+    let peer = link.peer;
     if fault_explains_directly(input, i, peer, e) {
         return true;
     }
+    let back = Link {
+        peer: i,
+        qp: link.qp,
+    };
     let Some(other) = input
         .log(peer)
-        .and_then(|l| first_errors(l).get(&i).copied())
+        .and_then(|l| first_errors(l).get(&back).copied())
     else {
         return false;
     };

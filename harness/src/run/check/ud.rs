@@ -24,10 +24,12 @@ type Datagram = (u64, u32, u32);
 fn read_datagram(
     input: &Input<'_>,
     i: u32,
-    (peer, wr, len, imm): super::GoodRecv,
+    (link, wr, len, imm): super::GoodRecv,
 ) -> Result<Datagram, String> {
+    // UD links are one QP per peer (`--qps-per-peer` is refused for ud-send).
+    let peer = link.peer;
     let pos = input
-        .position(i, peer)
+        .position(i, peer, link.qp)
         .ok_or_else(|| "a receive from a node that is not a peer".to_owned())?;
     let slot = wr.saturating_sub(1);
     let off = layout::link_base(pos) + layout::RECV_OFF + slot * layout::RECV_SLOT;
@@ -110,7 +112,7 @@ fn copies(input: &Input<'_>) -> Copies {
         };
         for recv in good_receives(log) {
             if let Ok((seq, len, imm)) = read_datagram(input, i, recv) {
-                out.entry((recv.0, i))
+                out.entry((recv.0.peer, i))
                     .or_default()
                     .entry(seq)
                     .or_default()

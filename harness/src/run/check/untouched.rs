@@ -4,7 +4,7 @@
 //! MR file, and checks that every byte outside them is still zero. It does not check what is
 //! inside the ranges (`write-data`, `send-data`, `read-data` and `atomic-exactly-once` do).
 
-use super::{Input, Invariant, MAX_MESSAGES, sends};
+use super::{Input, Invariant, Link, MAX_MESSAGES, sends};
 use crate::run::layout;
 use crate::run::log::{Entry, LogRead, OpKind};
 
@@ -68,9 +68,17 @@ fn describe(input: &Input<'_>, i: u32, off: u64) -> String {
     }
     let pos = (off - layout::LINK_BASE) / layout::LINK_LEN;
     let peers = layout::peers(input.ev.nodes, input.ev.workload, i);
-    let peer = peers
-        .get(pos as usize)
-        .map_or_else(|| "no peer".to_owned(), |p| format!("node {p}"));
+    let qps = u64::from(input.ev.qps_per_peer.max(1));
+    let peer = peers.get((pos / qps) as usize).map_or_else(
+        || "no peer".to_owned(),
+        |&p| {
+            Link {
+                peer: p,
+                qp: (pos % qps) as u32,
+            }
+            .to_string()
+        },
+    );
     let rel = (off - layout::LINK_BASE) % layout::LINK_LEN;
     let area = match rel {
         r if r < layout::RECV_OFF => "WRITE area",
@@ -98,15 +106,21 @@ fn merge(mut ranges: Ranges) -> Ranges {
 /// Every range of node `i`'s MR the run could have written.
 fn allowed(input: &Input<'_>, i: u32) -> Ranges {
     let peers = layout::peers(input.ev.nodes, input.ev.workload, i);
+    let qps = input.ev.qps_per_peer.max(1);
+    // The QPs of a peer are consecutive links (`layout::link_position`).
+    let links: Vec<(u32, u32)> = peers
+        .iter()
+        .flat_map(|&j| (0..qps).map(move |q| (j, q)))
+        .collect();
     let mut ranges = vec![
         (layout::COUNTER_OFF, layout::COUNTER_OFF + 8),
-        (layout::FIN_OFF, layout::FIN_OFF + 8 * peers.len() as u64),
+        (layout::FIN_OFF, layout::FIN_OFF + 8 * links.len() as u64),
         (
             layout::PATTERN_OFF,
             layout::PATTERN_OFF + layout::PATTERN_LEN,
         ),
     ];
-    for (pos, &j) in peers.iter().enumerate() {
+    for (pos, &(j, q)) in links.iter().enumerate() {
         let base = layout::link_base(pos);
         ranges.push((base + layout::STAGE_OFF, base + layout::LINK_LEN));
         // What peer j put here (WRITE, SEND; datagrams), and what node i fetched here (READ,
@@ -114,9 +128,21 @@ fn allowed(input: &Input<'_>, i: u32) -> Ranges {
         if input.ev.workload.is_ud() {
             datagram_ranges(&mut ranges, input.log(i), j, base);
         } else {
-            link_ranges(&mut ranges, input.log(j), i, base, Inbound);
+            link_ranges(
+                &mut ranges,
+                input.log(j),
+                Link { peer: i, qp: q },
+                base,
+                Inbound,
+            );
         }
-        link_ranges(&mut ranges, input.log(i), j, base, Outbound);
+        link_ranges(
+            &mut ranges,
+            input.log(i),
+            Link { peer: j, qp: q },
+            base,
+            Outbound,
+        );
     }
     ranges
 }
@@ -131,10 +157,10 @@ enum Direction {
 }
 use Direction::{Inbound, Outbound};
 
-/// Adds the ranges the operations of `log` (its issuer's) to `peer` address in the link block
-/// at `base`; for an issuer without a log or an end line, everything past its last logged
-/// operation of each kind.
-fn link_ranges(ranges: &mut Ranges, log: Option<&LogRead>, peer: u32, base: u64, dir: Direction) {
+/// Adds the ranges the operations of `log` (its issuer's) on its QP `link` address in the
+/// link block at `base`; for an issuer without a log or an end line, everything past its last
+/// logged operation of each kind.
+fn link_ranges(ranges: &mut Ranges, log: Option<&LogRead>, link: Link, base: u64, dir: Direction) {
     let kinds: &[(OpKind, u64, u64)] = match dir {
         Inbound => &[
             (OpKind::Write, layout::WRITE_OFF, layout::RECV_OFF),
@@ -149,7 +175,7 @@ fn link_ranges(ranges: &mut Ranges, log: Option<&LogRead>, peer: u32, base: u64,
     for &(op, start, end) in kinds {
         let mut last = start;
         for s in log.into_iter().flat_map(sends) {
-            if s.peer != peer || s.op != op {
+            if s.peer != link.peer || s.qp != link.qp || s.op != op {
                 continue;
             }
             let (off, len) = match op {

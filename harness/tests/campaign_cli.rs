@@ -405,3 +405,31 @@ fn merge_refuses_other_campaigns_and_duplicate_or_missing_shards() {
         assert!(report.is_none());
     }
 }
+
+#[test]
+fn qps_per_peer_is_part_of_the_campaign_and_of_its_replays() {
+    let (code, stdout, stderr, one, _) =
+        campaign("qps-1", &["--runs", "2", "--seed", "3", "--dry-run"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let args = [
+        "--runs",
+        "2",
+        "--seed",
+        "3",
+        "--qps-per-peer",
+        "2",
+        "--dry-run",
+    ];
+    let (code, stdout, stderr, two, dir) = campaign("qps-2", &args);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let (one, two) = (one.unwrap(), two.unwrap());
+    assert_eq!(num(&two["qps_per_peer"]), 2);
+    assert_ne!(one["campaign_id"], two["campaign_id"]);
+    let plan = std::fs::read_to_string(dir.join("plans/run-001.toml")).unwrap();
+    assert!(plan.contains("--qps-per-peer 2 --workload"), "{plan}");
+    // 2 peers x 300 QPs is more than a node holds.
+    let (code, _, stderr, report, _) = campaign("qps-bad", &["--qps-per-peer", "300"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("at most 504"), "{stderr}");
+    assert!(report.is_none());
+}

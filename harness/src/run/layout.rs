@@ -426,7 +426,7 @@ mod tests {
             position(3, Workload::Mixed, 1, 2)
         );
         assert_eq!(MAX_LINKS, 504);
-        assert!(FIN_OFF + 8 * MAX_LINKS <= PATTERN_OFF);
+        const { assert!(FIN_OFF + 8 * MAX_LINKS <= PATTERN_OFF) };
     }
 
     #[test]

@@ -42,7 +42,7 @@ for t in "${targets[@]}"; do
 done
 logs=$ROOT/target/fuzz-long
 mkdir -p "$logs"
-cargo +nightly fuzz build >cargo +nightly fuzz build "${targets[@]/#/--bin=}" 2>/dev/null || cargo +nightly fuzz build2
+cargo +nightly fuzz build >&2
 count() { find "$1" -maxdepth 1 -type f | wc -l; }
 crashed=()
 rows=()

@@ -183,7 +183,7 @@ if mode == "check":
 print(f"| figure | softverbs | raw UDP (same run) | ratio, median (min–max) of {runs} | target |")
 print("|---|---|---|---|---|")
 print("| 64 KiB WRITE bandwidth | " + fmt(field("bw64k", lambda r: r["bw_average"]), " MiB/s")
-      + " | " + fmt(field("bw64k", lambda r: r["bw_average"] / r["ratio"])) + " MiB/s"
+      + " | " + fmt(field("bw64k", lambda r: r["bw_average"] / r["ratio"]), " MiB/s")
       + " GSO→GRO | " + fmt(field("bw64k", lambda r: r["ratio"])) + " | ≥ 0.6 (stretch 0.8) |")
 gib = float(1 << 30)
 print("| 64 KiB WRITE, GiB moved per CPU-second (both processes) | "

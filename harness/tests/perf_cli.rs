@@ -211,6 +211,64 @@ fn baseline_adds_udp_and_ratio_columns() {
     );
 }
 
+/// The JSON of a baseline run: CPU use of both processes against the baseline's, the
+/// baseline strategies by name, latency percentiles and the baseline's poll mode.
+#[test]
+fn baseline_json_has_cpu_percentiles_and_poll_mode() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let json = dir.join(format!("perf-cli-bl-{}.json", std::process::id()));
+    let path = json.to_str().unwrap();
+    let out = perf(&[
+        "write_bw",
+        "-n",
+        "50",
+        "-s",
+        "65536",
+        "--baseline",
+        "--json",
+        path,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let row = &doc["rows"][0];
+    let ours = &row["cpu"]["softverbs"];
+    assert!(ours["client_s"].as_f64().unwrap() > 0.0, "{row}");
+    assert!(ours["server_s"].as_f64().unwrap() > 0.0, "{row}");
+    assert!(ours["bytes_per_cpu_s"].as_f64().unwrap() > 0.0, "{row}");
+    assert!(row["cpu"]["ratio"].as_f64().unwrap() > 0.0, "{row}");
+    let names: Vec<&str> = row["baseline"]["strategies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"no_gso"), "{row}");
+
+    let out = perf(&[
+        "write_lat",
+        "-n",
+        "20",
+        "-s",
+        "8",
+        "--baseline",
+        "--json",
+        path,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let row = &doc["rows"][0];
+    // write_lat spins on its buffer even with blocking devices: so does the baseline.
+    assert_eq!(row["baseline_poll"], "spin", "{row}");
+    for q in ["p50", "p99", "p999"] {
+        assert!(row["latency"][q].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["baseline"][q].as_f64().unwrap() > 0.0, "{row}");
+    }
+    assert!(row["ratio_p99"].as_f64().unwrap() > 0.0, "{row}");
+    let _ = std::fs::remove_file(&json);
+}
+
 #[test]
 fn inproc_backend_and_all_sizes_with_json() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));

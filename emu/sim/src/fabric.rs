@@ -348,7 +348,7 @@ impl Wire {
             capture.writer().write(at, d.src, *to, bytes);
         }
         if let Some(node) = nodes.get_mut(d.dst) {
-            let (hca, mem, _) = node.parts();
+            let (hca, mem) = node.parts();
             hca.handle_datagram(now, d.src, bytes, mem);
             self.mark(d.dst);
         }
@@ -380,9 +380,10 @@ impl Wire {
     }
 }
 
-/// One node as the pump sees it.
+/// One node as the pump sees it. Its address is the wire's (`Wire::addrs`, by index): the
+/// pump runs per packet and should not rebuild it from the node's GID each time.
 pub(crate) trait PumpNode {
-    fn parts(&mut self) -> (&mut Hca, &DeviceMemory, SocketAddr);
+    fn parts(&mut self) -> (&mut Hca, &DeviceMemory);
 }
 
 /// Steps one pump may take before it returns to the caller.
@@ -396,7 +397,10 @@ fn transmit_all<N: PumpNode>(wire: &mut Wire, nodes: &mut [N], now: Instant) -> 
             Some(d) if *d => *d = false,
             _ => continue,
         }
-        let (hca, mem, addr) = node.parts();
+        let Some(&addr) = wire.addrs.get(i) else {
+            continue;
+        };
+        let (hca, mem) = node.parts();
         loop {
             let mut buf = wire.pool.take();
             let Some(tx) = hca.poll_transmit(now, mem, &mut buf) else {
@@ -431,7 +435,7 @@ pub(crate) fn next_event<N: PumpNode>(wire: &Wire, nodes: &mut [N]) -> Option<In
 /// Fires the timers of every node due at `now`.
 fn fire_timers<N: PumpNode>(wire: &mut Wire, nodes: &mut [N], now: Instant) {
     for (i, node) in nodes.iter_mut().enumerate() {
-        let (hca, mem, _) = node.parts();
+        let (hca, mem) = node.parts();
         if hca.poll_timeout().is_some_and(|t| t <= now) {
             hca.handle_timeout(now, mem);
             wire.mark(i);

@@ -8,7 +8,7 @@
 //! CQ poll, an empty completion channel or async event queue) also let virtual time reach the
 //! next timer deadline.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -51,9 +51,8 @@ pub type SimQp = emu_device::Qp<SimDevice>;
 pub type SimMw = emu_device::Mw<SimDevice>;
 
 impl PumpNode for DeviceState {
-    fn parts(&mut self) -> (&mut Hca, &DeviceMemory, SocketAddr) {
-        let addr = self.addr();
-        (&mut self.hca, &self.mem, addr)
+    fn parts(&mut self) -> (&mut Hca, &DeviceMemory) {
+        (&mut self.hca, &self.mem)
     }
 }
 

@@ -5,20 +5,28 @@
 //!   cuts it into packets, and sent one way as fast as the sender can: with UDP GSO
 //!   (`UDP_SEGMENT`, up to 64 segments and 65,507 bytes per `sendmsg`) to a receiver with UDP
 //!   GRO (`UDP_GRO`), through `quinn-udp`, which sets the socket options and control messages
-//!   safely; and with plain `send_to`/`recv_from`, one datagram per call. Loopback never
-//!   blocks the sender, so the rate is taken at the receiver (payload bytes from the start
-//!   signal to the last datagram) and drops are counted.
+//!   safely; and without GSO, one datagram per `sendmsg`, received with `recvmmsg` (up to
+//!   [`quinn_udp::BATCH_SIZE`] datagrams per call) — the system calls softverbs itself makes
+//!   with `--no-gso`. Both receivers read [`quinn_udp::BATCH_SIZE`] buffers per call, as the
+//!   devices do, and wait as they do (epoll, then read until the socket is empty; or spin
+//!   with `--busy-poll`). Loopback never blocks the sender, so the rate is taken at the receiver
+//!   (payload bytes from the start signal to the last datagram) and drops are counted. Each
+//!   side's process CPU time (all threads) over each strategy is recorded, for bytes moved
+//!   per CPU-second.
 //! * Latency: a ping-pong of `size`-byte datagrams (READ/atomics: a 16-byte request and a
-//!   `size`- or 8-byte answer), with blocking receives, or spinning on a nonblocking socket
-//!   in busy-poll mode.
+//!   `size`- or 8-byte answer) in the poll mode of the verbs run it is compared with: spinning
+//!   on a nonblocking socket when the application spins (every `write_lat`, and the other
+//!   tests without `-e`) or the devices busy-poll; blocking receives otherwise.
 
 use std::io::{ErrorKind as IoKind, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd as _;
 use std::time::{Duration, Instant};
 
-use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
+use quinn_udp::{BATCH_SIZE, RecvMeta, Transmit, UdpSocketState};
 use serde::Serialize;
 
+use super::cpu;
 use super::ctl::Ctl;
 use super::stats::{self, BwUnit, LatResult};
 use super::{Config, PerfError, Verb};
@@ -32,19 +40,32 @@ const FIRST_WAIT: Duration = Duration::from_secs(5);
 const IDLE_WAIT: Duration = Duration::from_millis(200);
 /// A lost ping-pong datagram ends the baseline run after this.
 const PING_WAIT: Duration = Duration::from_secs(1);
-/// Receive buffer: room for a full GRO batch.
-const RX_BUF: usize = 256 * 1024;
+/// One receive buffer: room for a full GRO batch (at most 64 KiB of UDP payload).
+const RX_BUF: usize = 64 * 1024;
 
-/// One side's baseline sockets: one with GSO/GRO state, one plain.
+/// One side's baseline sockets: one with GSO/GRO state, one without segmentation offload
+/// (`plain`: one datagram per send, `recvmmsg` batches on receive).
 pub(crate) struct Endpoint {
     gso: UdpSocket,
     state: UdpSocketState,
     plain: UdpSocket,
+    plain_state: UdpSocketState,
     peer_gso: Option<SocketAddr>,
     peer_plain: Option<SocketAddr>,
+    /// Bandwidth receivers spin on a nonblocking socket (`--busy-poll`).
     busy: bool,
+    /// The latency ping-pong spins (the verbs run it is compared with spins).
+    ping_spin: bool,
+    /// [`BATCH_SIZE`] receive buffers of [`RX_BUF`] bytes, back to back.
     buf: Vec<u8>,
+    /// Readiness of both sockets (tokens [`GSO`] and [`PLAIN`]) for blocking receivers.
+    poll: mio::Poll,
+    events: mio::Events,
 }
+
+/// Poll tokens of the two sockets.
+const GSO: mio::Token = mio::Token(0);
+const PLAIN: mio::Token = mio::Token(1);
 
 fn socket(ip: IpAddr) -> Result<UdpSocket, PerfError> {
     let sock = UdpSocket::bind(SocketAddr::new(ip, 0))
@@ -61,15 +82,38 @@ impl Endpoint {
         let gso = socket(ip)?;
         let state = UdpSocketState::new((&gso).into())
             .map_err(|e| PerfError::run(format!("baseline: GSO/GRO socket state: {e}")))?;
+        let plain = socket(ip)?;
+        // Sends on this socket never ask for segmentation; the state gives it `recvmmsg`.
+        // (Its UDP_GRO, if any, has nothing to merge: loopback hands unsegmented datagrams
+        // over one by one.)
+        let plain_state = UdpSocketState::new((&plain).into())
+            .map_err(|e| PerfError::run(format!("baseline: socket state: {e}")))?;
+        let poll = mio::Poll::new()?;
+        for (sock, token) in [(&gso, GSO), (&plain, PLAIN)] {
+            poll.registry().register(
+                &mut mio::unix::SourceFd(&sock.as_raw_fd()),
+                token,
+                mio::Interest::READABLE,
+            )?;
+        }
         Ok(Endpoint {
             gso,
             state,
-            plain: socket(ip)?,
+            plain,
+            plain_state,
             peer_gso: None,
             peer_plain: None,
             busy: cfg.busy_poll,
-            buf: vec![0; RX_BUF],
+            ping_spin: ping_spins(cfg),
+            buf: vec![0; RX_BUF * BATCH_SIZE],
+            poll,
+            events: mio::Events::with_capacity(4),
         })
+    }
+
+    /// How the latency ping-pong waits: `"spin"` or `"block"`.
+    pub(crate) fn ping_mode(&self) -> &'static str {
+        if self.ping_spin { "spin" } else { "block" }
     }
 
     /// Tells the peer our addresses and learns its.
@@ -165,13 +209,14 @@ impl Endpoint {
             strategies: Vec::new(),
         };
         let strategies: &[&str] = if gso {
-            &["gso_gro", "plain"]
+            &["gso_gro", "no_gso"]
         } else {
-            &["plain"]
+            &["no_gso"]
         };
         for &name in strategies {
             self.drain()?;
             ctl.sync(&format!("bl {name}"))?;
+            let cpu_start = cpu::process_seconds();
             let (bytes, datagrams, secs) = if sending {
                 if name == "gso_gro" {
                     self.send_gso(&shape)?;
@@ -192,9 +237,12 @@ impl Endpoint {
                 ctl.send(&format!("blres {b} {d} {s}"))?;
                 (b as f64, d as f64, s)
             };
+            let cpu_local = cpu::process_seconds() - cpu_start;
+            let cpu_peer = cpu::exchange(ctl, &format!("bl {name}"), cpu_local)?;
             let expected = shape.datagrams() as f64;
             out.strategies.push(Strategy {
                 name,
+                cpu: cpu::Use::new(bytes, is_client, cpu_local, cpu_peer),
                 bytes_per_sec: if secs > 0.0 { bytes / secs } else { 0.0 },
                 bytes_received: bytes as u64,
                 datagrams_expected: expected as u64,
@@ -213,7 +261,7 @@ impl Endpoint {
     fn drain(&mut self) -> Result<(), PerfError> {
         for s in [&self.gso, &self.plain] {
             s.set_nonblocking(true)?;
-            while s.recv_from(&mut self.buf).is_ok() {}
+            while s.recv_from(&mut self.buf[..RX_BUF]).is_ok() {}
         }
         Ok(())
     }
@@ -269,6 +317,7 @@ impl Endpoint {
         Ok(sent)
     }
 
+    /// One datagram per `sendmsg`, as the devices send with `--no-gso`.
     fn send_plain(&mut self, shape: &Shape) -> Result<u64, PerfError> {
         let (_, dst) = self.peers()?;
         self.plain.set_nonblocking(false)?;
@@ -277,7 +326,14 @@ impl Endpoint {
         for _ in 0..shape.messages {
             for k in 0..shape.full + usize::from(shape.rem > 0) {
                 let len = if k < shape.full { shape.seg } else { shape.rem };
-                send_to(&self.plain, &payload[..len], dst)?;
+                let t = Transmit {
+                    destination: dst,
+                    ecn: None,
+                    contents: &payload[..len],
+                    segment_size: None,
+                    src_ip: None,
+                };
+                try_send(&self.plain_state, &self.plain, &t)?;
                 sent += 1;
             }
         }
@@ -288,36 +344,43 @@ impl Endpoint {
     /// datagrams and seconds from the start signal to the last datagram.
     fn receive(&mut self, gro: bool, total: u64) -> Result<(u64, u64, f64), PerfError> {
         let sock = if gro { &self.gso } else { &self.plain };
-        sock.set_nonblocking(self.busy)?;
+        let state = if gro { &self.state } else { &self.plain_state };
+        // Nonblocking reads: a blocking `recvmmsg` would wait for a full batch.
+        sock.set_nonblocking(true)?;
         let start = Instant::now();
         let mut last = start;
         let (mut bytes, mut datagrams) = (0u64, 0u64);
+        let mut meta = [RecvMeta::default(); BATCH_SIZE];
         while bytes < total {
             let wait = if datagrams == 0 {
                 FIRST_WAIT
             } else {
                 IDLE_WAIT
             };
-            if !self.busy {
-                sock.set_read_timeout(Some(wait))?;
-            }
-            let got = if gro {
-                let mut meta = [RecvMeta::default()];
-                let mut bufs = [IoSliceMut::new(&mut self.buf)];
-                self.state
-                    .recv(sock.into(), &mut bufs, &mut meta)
-                    .map(|_| (meta[0].len, meta[0].stride.max(1)))
-            } else {
-                sock.recv_from(&mut self.buf).map(|(n, _)| (n, n.max(1)))
-            };
-            match got {
-                Ok((len, stride)) => {
+            let mut bufs: Vec<IoSliceMut<'_>> =
+                self.buf.chunks_mut(RX_BUF).map(IoSliceMut::new).collect();
+            match state.recv(sock.into(), &mut bufs, &mut meta) {
+                Ok(n) => {
                     last = Instant::now();
-                    bytes += len as u64;
-                    datagrams += len.div_ceil(stride).max(1) as u64;
+                    for m in &meta[..n] {
+                        bytes += m.len as u64;
+                        datagrams += m.len.div_ceil(m.stride.max(1)).max(1) as u64;
+                    }
                 }
-                Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => {
-                    if !self.busy || last.elapsed() > wait {
+                Err(e) if e.kind() == IoKind::WouldBlock => {
+                    let more = if self.busy {
+                        last.elapsed() <= wait
+                    } else {
+                        // Edge-triggered: the socket was read empty, so the next datagram
+                        // is an edge.
+                        self.events.clear();
+                        match self.poll.poll(&mut self.events, Some(wait)) {
+                            Ok(()) => !self.events.is_empty(),
+                            Err(e) if e.kind() == IoKind::Interrupted => true,
+                            Err(e) => return Err(PerfError::run(format!("baseline poll: {e}"))),
+                        }
+                    };
+                    if !more {
                         break;
                     }
                 }
@@ -389,8 +452,8 @@ impl Endpoint {
     }
 
     fn prepare_ping(&mut self) -> Result<(), PerfError> {
-        self.plain.set_nonblocking(self.busy)?;
-        if !self.busy {
+        self.plain.set_nonblocking(self.ping_spin)?;
+        if !self.ping_spin {
             self.plain.set_read_timeout(Some(PING_WAIT))?;
         }
         Ok(())
@@ -401,10 +464,10 @@ impl Endpoint {
         let mut got = 0usize;
         let t = Instant::now();
         while got < len.max(1) {
-            match self.plain.recv_from(&mut self.buf) {
+            match self.plain.recv_from(&mut self.buf[..RX_BUF]) {
                 Ok((n, _)) => got += n.max(1),
                 Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => {
-                    if !self.busy || t.elapsed() > PING_WAIT {
+                    if !self.ping_spin || t.elapsed() > PING_WAIT {
                         return Ok(false);
                     }
                 }
@@ -488,6 +551,25 @@ fn send_message(
     Ok(())
 }
 
+/// Whether the verbs run a latency baseline is compared with spins: `write_lat` always
+/// spins on the buffer, the others on the CQ unless `-e`; busy-poll devices spin too.
+fn ping_spins(cfg: &Config) -> bool {
+    cfg.busy_poll || cfg.test.verb() == Verb::Write || !cfg.events
+}
+
+/// Sends one transmit, retrying while the socket is full.
+fn try_send(state: &UdpSocketState, sock: &UdpSocket, t: &Transmit<'_>) -> Result<(), PerfError> {
+    loop {
+        match state.try_send(sock.into(), t) {
+            Ok(()) => return Ok(()),
+            Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::Interrupted) => {}
+            // ENOBUFS and the like: the datagrams are lost, as on a full socket.
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => return Ok(()),
+            Err(e) => return Err(PerfError::run(format!("baseline send: {e}"))),
+        }
+    }
+}
+
 /// Request and answer sizes of the latency ping-pong.
 fn ping_sizes(cfg: &Config, size: u64) -> (usize, usize) {
     let s = usize::try_from(size).unwrap_or(usize::MAX);
@@ -502,6 +584,8 @@ fn ping_sizes(cfg: &Config, size: u64) -> (usize, usize) {
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Strategy {
     pub(crate) name: &'static str,
+    /// CPU time of both processes over this strategy.
+    pub(crate) cpu: cpu::Use,
     pub(crate) bytes_per_sec: f64,
     pub(crate) bytes_received: u64,
     pub(crate) datagrams_expected: u64,
@@ -533,7 +617,9 @@ impl BwBaseline {
             .map(|s| {
                 format!(
                     "{} {:.2} {} ({:.0} kdgram/s, {:.1}% dropped)",
-                    s.name.replace("gso_gro", "GSO→GRO"),
+                    s.name
+                        .replace("gso_gro", "GSO→GRO")
+                        .replace("no_gso", "no GSO"),
                     unit.from_bytes_per_sec(s.bytes_per_sec),
                     match unit {
                         BwUnit::MiB => "MiB/s",
@@ -551,7 +637,7 @@ impl BwBaseline {
             })
             .collect();
         if !self.gso_available {
-            parts.push("GSO/GRO unavailable: plain send/recv only".into());
+            parts.push("GSO/GRO unavailable: one datagram per send only".into());
         }
         parts.join("; ")
     }

@@ -19,6 +19,7 @@
 //! Exit codes: 0 done, 1 the run failed (the message says where), 2 bad flags.
 
 mod baseline;
+mod cpu;
 mod ctl;
 mod scale;
 pub mod stats;
@@ -262,8 +263,10 @@ pub struct PerfArgs {
     #[arg(long = "backend", value_enum, default_value_t = Backend::Udp)]
     pub backend: Backend,
     /// Also run the same sizes and pattern over raw UDP between the same two processes, and
-    /// print ours ÷ UDP (bandwidth: GSO→GRO when available, and plain send/recv; latency: a
-    /// ping-pong in the same poll mode). UDP backend only.
+    /// print ours ÷ UDP (bandwidth: GSO→GRO when available, and one datagram per `sendmsg`
+    /// with `recvmmsg` receives; latency: a ping-pong that spins when the verbs run spins).
+    /// The JSON adds each side's CPU seconds and bytes per CPU-second, ours and the
+    /// baseline's. UDP backend only.
     #[arg(long = "baseline")]
     pub baseline: bool,
     /// Drop this fraction (0–1) of the datagrams each side sends (the driver's fault plan).

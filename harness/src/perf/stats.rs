@@ -215,6 +215,8 @@ pub struct LatResult {
     pub t_max: f64,
     /// Median of the samples without the largest two.
     pub t_typical: f64,
+    /// 50th percentile of all samples (the median; `t_typical` leaves the largest two out).
+    pub p50: f64,
     /// Mean of the samples without the largest two.
     pub t_avg: f64,
     /// Standard deviation of those samples (exact, not perftest's integer-truncated one).
@@ -255,6 +257,7 @@ pub fn lat_from_sorted(bytes: u64, iterations: u64, s: &[f64]) -> Option<LatResu
         t_min: s[0],
         t_max: s[n],
         t_typical: kept[n / 2],
+        p50: at(0.5),
         t_avg: mean,
         t_stdev: var.sqrt(),
         p99: at(0.99),
@@ -346,7 +349,7 @@ mod tests {
         let r = lat_from_sorted(8, 11, &s).unwrap_or_else(|| panic!("too few"));
         assert_eq!((r.t_min, r.t_max, r.t_typical), (1.0, 9.0, 5.0));
         assert!((r.t_avg - 4.5).abs() < 1e-9);
-        assert_eq!((r.p99, r.p999), (9.0, 9.0));
+        assert_eq!((r.p50, r.p99, r.p999), (5.0, 9.0, 9.0));
     }
 
     #[test]

@@ -14,10 +14,10 @@ use verbs_api::{
     WcFlags, WcOpcode, WorkCompletion, connect_rc,
 };
 
-use super::baseline;
 use super::ctl::Ctl;
 use super::stats::{self, BwTimes};
 use super::{Config, Output, PerfError, RunSpec, Verb};
+use super::{baseline, cpu};
 
 /// Immediate data of the last SEND of a run: the receiver stops there.
 const STOP_IMM: u32 = 0x5354_4f50;
@@ -358,8 +358,17 @@ pub(crate) fn client<C: Backend>(
         prepare(ctl, ctx, &side, cfg, run, i)?;
         let before = ctx.transport_stats()?;
         let mut row = if cfg.test.is_bw() {
+            let cpu_start = cpu::process_seconds();
             let r = bw_client(&side, cfg, run.size)?;
             ctl.sync(&format!("end {i}"))?;
+            let mine = cpu::process_seconds() - cpu_start;
+            let peer = cpu::exchange(ctl, &format!("run {i}"), mine)?;
+            let bytes = (r.bytes * r.iterations) as f64;
+            let used = match out.backend {
+                // Both sides are threads of this process: its clock already counts both.
+                super::Backend::Inproc => cpu::Use::of(bytes, mine, 0.0),
+                super::Backend::Udp => cpu::Use::of(bytes, mine, peer),
+            };
             ctx.set_loss(0.0, cfg.seed)?;
             let base = match udp.as_mut() {
                 Some(u) => Some(with_busy_off(ctx, cfg, || {
@@ -367,7 +376,7 @@ pub(crate) fn client<C: Backend>(
                 })?),
                 None => None,
             };
-            bw_output(out, cfg, run, &r, base.as_ref())
+            bw_output(out, cfg, run, &r, base.as_ref(), used)
         } else {
             let r = lat_side(&side, cfg, run.size, true)?;
             ctl.sync(&format!("end {i}"))?;
@@ -378,7 +387,8 @@ pub(crate) fn client<C: Backend>(
                 })?),
                 None => None,
             };
-            lat_output(out, cfg, run, r, base)
+            let mode = udp.as_ref().map(baseline::Endpoint::ping_mode);
+            lat_output(out, cfg, run, r, base, mode)
         };
         let transport = transport_json(&before, &ctx.transport_stats()?);
         if run.loss > 0.0 {
@@ -410,6 +420,7 @@ pub(crate) fn server<C: Backend>(
     let side = setup(ctl, ctx, cfg)?;
     for (i, run) in cfg.runs.iter().enumerate() {
         prepare(ctl, ctx, &side, cfg, run, i)?;
+        let cpu_start = cpu::process_seconds();
         if cfg.test.is_bw() {
             if cfg.test.verb() == Verb::Send {
                 send_bw_server(&side)?;
@@ -418,6 +429,10 @@ pub(crate) fn server<C: Backend>(
             lat_side(&side, cfg, run.size, false)?;
         }
         ctl.sync(&format!("end {i}"))?;
+        if cfg.test.is_bw() {
+            let mine = cpu::process_seconds() - cpu_start;
+            cpu::exchange(ctl, &format!("run {i}"), mine)?;
+        }
         ctx.set_loss(0.0, cfg.seed)?;
         if let Some(u) = udp.as_mut() {
             if cfg.test.is_bw() {
@@ -462,6 +477,7 @@ fn bw_output(
     run: &RunSpec,
     r: &stats::BwResult,
     base: Option<&baseline::BwBaseline>,
+    used: cpu::Use,
 ) -> serde_json::Value {
     out.columns(cfg);
     let best = base.map(baseline::BwBaseline::best_bytes_per_sec);
@@ -482,6 +498,26 @@ fn bw_output(
         "msg_rate_mpps": r.mpps(),
         "baseline": base,
         "ratio": best.map(|b| if b > 0.0 { r.bytes_per_sec() / b } else { 0.0 }),
+        "cpu": cpu_json(used, base),
+    })
+}
+
+/// Our CPU use, the most CPU-efficient baseline strategy's, and ours ÷ its bytes per
+/// CPU-second.
+fn cpu_json(used: cpu::Use, base: Option<&baseline::BwBaseline>) -> serde_json::Value {
+    let best = base.and_then(|b| {
+        b.strategies
+            .iter()
+            .max_by(|x, y| x.cpu.bytes_per_cpu_s.total_cmp(&y.cpu.bytes_per_cpu_s))
+    });
+    serde_json::json!({
+        "softverbs": used,
+        "baseline": best.map(|s| serde_json::json!({ "strategy": s.name, "cpu": s.cpu })),
+        "ratio": best.map(|s| if s.cpu.bytes_per_cpu_s > 0.0 {
+            used.bytes_per_cpu_s / s.cpu.bytes_per_cpu_s
+        } else {
+            0.0
+        }),
     })
 }
 
@@ -497,6 +533,7 @@ fn lat_output(
     run: &RunSpec,
     r: Option<Lat>,
     base: Option<Option<stats::LatResult>>,
+    baseline_poll: Option<&str>,
 ) -> serde_json::Value {
     out.columns(cfg);
     let base = base.flatten();
@@ -508,7 +545,10 @@ fn lat_output(
                 "loss": run.loss,
                 "latency": r,
                 "baseline": base,
-                "ratio": base.as_ref().map(|b| if b.t_typical > 0.0 { r.t_typical / b.t_typical } else { 0.0 }),
+                "baseline_poll": baseline_poll,
+                "ratio": base.as_ref().map(|b| ratio(r.t_typical, b.t_typical)),
+                "ratio_p99": base.as_ref().map(|b| ratio(r.p99, b.p99)),
+                "ratio_p999": base.as_ref().map(|b| ratio(r.p999, b.p999)),
             })
         }
         Some(Lat::Duration(r)) => {
@@ -517,6 +557,10 @@ fn lat_output(
         }
         None => serde_json::json!({ "bytes": run.size, "error": "too few samples" }),
     }
+}
+
+fn ratio(ours: f64, theirs: f64) -> f64 {
+    if theirs > 0.0 { ours / theirs } else { 0.0 }
 }
 
 /// The client of a bandwidth run: keeps `tx_depth` WRs outstanding per QP, signalling one in

@@ -250,6 +250,7 @@ fn check_stream(
     }
     let w = p.b.read(&p.b.mr, 8192, WRITE_LEN as usize);
     prop_assert_eq!(w, p.a.read(&p.a.mr, 0, WRITE_LEN as usize));
+    let _ = out.steps;
     Ok(())
 }
 

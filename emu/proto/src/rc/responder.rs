@@ -111,7 +111,9 @@ fn drain_held(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
             Disposition::Dropped | Disposition::NotReady => break,
         }
     }
-    if drained {
+    // What is still held, or what was executed without an ACK of its own, is reported.
+    let acked = matches!(qp.rc.responses.back(), Some(Response::Ack { .. }));
+    if drained && (!qp.rc.sr.held.is_empty() || !acked) {
         super::sr::queue_sack(&mut qp.rc);
     }
     Disposition::Accepted

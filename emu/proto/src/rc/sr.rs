@@ -263,8 +263,12 @@ pub(crate) fn probe(rc: &mut RcState, now: Instant) -> bool {
         return false;
     }
     rc.stats.sr_probes += 1;
-    if !rc.sr.resend.contains(&comp) {
+    let queued = rc.sr.units.get(&comp.value()).is_some_and(|u| u.queued);
+    if !queued && !rc.sr.resend.contains(&comp) {
         rc.sr.resend.push_front(comp);
+        if let Some(u) = rc.sr.units.get_mut(&comp.value()) {
+            u.queued = true;
+        }
     }
     queue_holes(rc, true);
     rc.sr.backoff = (rc.sr.backoff + 1).min(MAX_BACKOFF);

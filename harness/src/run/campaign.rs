@@ -92,6 +92,10 @@ pub struct CampaignArgs {
     /// Runs to do.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub runs: u32,
+    /// Loss recovery of every run's RC QPs: IBTA go-back-N, or selective repeat (a softverbs
+    /// extension, on every node alike). The verifier judges either.
+    #[arg(long, value_enum, default_value_t = crate::recovery::RecoveryArg::Ibta)]
+    pub recovery: crate::recovery::RecoveryArg,
     /// Campaign seed: every run's seed, workload and fault plan derive from it (the same seed
     /// gives the same plans); default: drawn from the clock and printed.
     #[arg(long)]
@@ -224,6 +228,8 @@ pub struct CampaignReport {
     pub seed: u64,
     /// Runs asked for.
     pub runs: u32,
+    /// Loss recovery of every run's RC QPs (`ibta` or `sr`).
+    pub recovery: String,
     /// Nodes per run.
     pub nodes: u32,
     /// `cycle`, `draw` or a workload name.
@@ -368,10 +374,12 @@ fn setup_jobs(args: &CampaignArgs, seed: u64, mut base: RunArgs) -> Result<Setup
     let horizon = base.duration.unwrap_or(OPS_HORIZON);
     // A run that hangs is stopped well before the default minute.
     base.timeout = Some(horizon + Duration::from_secs(30));
+    base.recovery = args.recovery;
     let qp = QpParams {
         timeout: base.qp_timeout,
         retry_cnt: base.retry_cnt,
         rnr_retry: base.rnr_retry,
+        recovery: base.recovery,
     };
     let params = DrawParams {
         nodes: args.nodes,
@@ -546,6 +554,7 @@ pub fn campaign(args: &CampaignArgs) -> u8 {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         seed: setup.seed,
         runs: args.runs,
+        recovery: args.recovery.name().to_owned(),
         nodes: args.nodes,
         workload: args.workload.name().to_owned(),
         ops: args.ops,
@@ -639,8 +648,13 @@ fn replay(args: &RunArgs, job: &Job) -> String {
         (Some(o), None) => format!(" --ops {o}"),
         (None, None) => String::new(),
     };
+    let recovery = if args.recovery == crate::recovery::RecoveryArg::Ibta {
+        String::new()
+    } else {
+        format!(" --recovery {}", args.recovery.name())
+    };
     format!(
-        "softverbs run --nodes {} --workload {} --seed {} --faults {}{bound}",
+        "softverbs run --nodes {} --workload {} --seed {} --faults {}{bound}{recovery}",
         args.nodes,
         job.workload.name(),
         job.seed,
@@ -684,7 +698,7 @@ fn fill_row(row: &mut RunRow, r: &Report) {
             *row.completions.entry(k.clone()).or_insert(0) += v;
         }
         if let Some(s) = &n.stats {
-            row.retransmits += s.retransmits_timeout + s.retransmits_nak;
+            row.retransmits += s.retransmits_timeout + s.retransmits_nak + s.retransmits_sack;
         }
         if let Some(f) = n.injected {
             row.dropped += f.dropped + f.partitioned;

@@ -452,8 +452,13 @@ pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
             return d;
         }
     }
-    if qp.rc.sr.probe_at.is_some_and(|t| t <= ctx.now) && qp.rc.rnr_at.is_none() {
-        super::sr::probe(&mut qp.rc, ctx.now);
+    if qp.rc.sr.probe_at.is_some_and(|t| t <= ctx.now) {
+        if qp.rc.rnr_at.is_some() {
+            // The RNR wait ends with a resend from the oldest unacknowledged PSN anyway.
+            qp.rc.sr.probe_at = None;
+        } else {
+            super::sr::probe(&mut qp.rc, ctx.now);
+        }
     }
     if qp.rc.retransmit_at.is_some_and(|t| t <= ctx.now) {
         qp.rc.retransmit_at = None;

@@ -100,7 +100,13 @@ fn skip_sacked(qp: &mut Qp, idx: usize) -> bool {
     };
     let psn = w.tx.first_psn.wrapping_add(w.tx.next_pkt);
     let rc = &mut qp.rc;
-    if w.op.is_read_or_atomic() || !psn.is_before(rc.sent_high) || !super::sr::is_sacked(rc, psn) {
+    // The oldest unacknowledged PSN always goes: the responder dropped it if it was held
+    // when it refused it (an RNR NAK), and cannot hold what its ePSN names otherwise.
+    if w.op.is_read_or_atomic()
+        || psn == rc.comp_psn
+        || !psn.is_before(rc.sent_high)
+        || !super::sr::is_sacked(rc, psn)
+    {
         return false;
     }
     w.tx.next_pkt += 1;
@@ -119,7 +125,7 @@ fn resend(qp: &mut Qp, ctx: &mut Ctx<'_>, src: SocketAddr, buf: &mut [u8]) -> Op
         if psn.is_before(rc.comp_psn) || !psn.is_before(rc.sent_high) {
             continue;
         }
-        if super::sr::is_sacked(rc, psn) {
+        if psn != rc.comp_psn && super::sr::is_sacked(rc, psn) {
             continue;
         }
         let Some((idx, i)) = locate(qp, psn) else {

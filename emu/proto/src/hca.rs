@@ -1311,6 +1311,7 @@ impl Hca {
                 qp.rc.timer_key = qp.rc.timer_key.map(rebase);
                 qp.rc.nak_deferred = qp.rc.nak_deferred.map(|(psn, t)| (psn, rebase(t)));
                 qp.rc.sr.probe_at = qp.rc.sr.probe_at.map(rebase);
+                rc::sr::rebase_seq(&mut qp.rc.sr);
                 // Instants in the past, kept as their age.
                 qp.rc.rewound = qp.rc.rewound.map(|(t, psn)| (age(t), psn));
                 qp.rc.rtt_probe = qp.rc.rtt_probe.map(|(psn, t)| (psn, age(t)));

@@ -288,3 +288,21 @@ pub(crate) fn rewound(rc: &mut RcState) {
 pub(crate) fn is_sacked(rc: &RcState, psn: Psn) -> bool {
     rc.sr.units.get(&psn.value()).is_some_and(|u| u.sacked)
 }
+
+/// Shifts every transmission sequence number down by the smallest one still compared (only
+/// their differences steer the requester): states that differ in history only compare equal
+/// (`Hca::canonical_state`).
+pub(crate) fn rebase_seq(sr: &mut SrState) {
+    let base = sr
+        .units
+        .values()
+        .map(|u| u.seq)
+        .chain([sr.delivered])
+        .min()
+        .unwrap_or(0);
+    sr.seq -= base.min(sr.seq);
+    sr.delivered -= base;
+    for u in sr.units.values_mut() {
+        u.seq -= base;
+    }
+}

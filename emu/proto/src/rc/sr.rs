@@ -115,18 +115,18 @@ pub(crate) fn hold(qp: &mut Qp, pkt: &PacketRepr<'_>, ahead: i32) -> bool {
     let rc = &mut qp.rc;
     rc.stats.out_of_seq_request += 1;
     let key = pkt.bth.psn.value();
-    if rc.sr.held.contains_key(&key) {
-        rc.stats.duplicate_request += 1;
-    } else {
-        let held = Held {
-            hdrs: PacketRepr {
-                payload: &[],
-                ..*pkt
-            },
-            payload: pkt.payload.to_vec(),
-            span,
-        };
-        rc.sr.held.insert(key, held);
+    match rc.sr.held.entry(key) {
+        std::collections::btree_map::Entry::Occupied(_) => rc.stats.duplicate_request += 1,
+        std::collections::btree_map::Entry::Vacant(v) => {
+            v.insert(Held {
+                hdrs: PacketRepr {
+                    payload: &[],
+                    ..*pkt
+                },
+                payload: pkt.payload.to_vec(),
+                span,
+            });
+        }
     }
     queue_sack(rc);
     true

@@ -65,7 +65,7 @@ pub(crate) fn next_packet(
             continue;
         }
         let uc = qp.qp_type == QpType::Uc;
-        if !uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS {
+        if !uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= window(qp) {
             return None;
         }
         return match build(qp, ctx, idx, src, buf) {
@@ -89,6 +89,16 @@ pub(crate) fn next_packet(
                 None
             }
         };
+    }
+}
+
+/// Un-ACKed PSNs allowed: [`MAX_UNACKED_PSNS`] in IBTA mode, [`super::sr::WINDOW`] with
+/// selective repeat (a loss there holds back only the PSN lost, not the window behind it).
+fn window(qp: &Qp) -> i32 {
+    if super::sr::enabled(qp) {
+        super::sr::WINDOW
+    } else {
+        MAX_UNACKED_PSNS
     }
 }
 
@@ -185,7 +195,7 @@ fn start(qp: &mut Qp, ctx: &Ctx<'_>, idx: usize) -> bool {
     {
         return false;
     }
-    if qp.qp_type != QpType::Uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS {
+    if qp.qp_type != QpType::Uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= window(qp) {
         return false;
     }
     let mtu = qp.attr.path_mtu.bytes();

@@ -33,6 +33,11 @@ use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN};
 /// been delivered: reordering by fewer packets never causes a resend (issue 19 item 3).
 pub(crate) const REORDER_THRESHOLD: u64 = 16;
 
+/// The requester's window with selective repeat, in un-ACKed PSNs: everything in flight stays
+/// within one selective ACK's bitmap ([`SACK_SPAN`] PSNs after the responder's ePSN, which is
+/// never before the requester's oldest un-ACKed PSN).
+pub(crate) const WINDOW: i32 = 128;
+
 /// The shortest probe interval.
 const MIN_PROBE: Duration = Duration::from_micros(100);
 

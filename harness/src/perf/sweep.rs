@@ -137,14 +137,17 @@ fn mib(b: f64) -> f64 {
 pub(crate) fn print_and_plot(out: &Output, args: &PerfArgs) -> Result<(), PerfError> {
     let sums = summarise(&out.sweep);
     say!(" goodput versus loss (each side drops this fraction of the datagrams it sends)");
-    say!(" mode  loss[%]  rounds  median[MiB/s]  min..max[MiB/s]     ratio  retx/loss  timeouts");
+    say!(
+        " mode  loss[%]  rounds  median[MiB/s]  min..max[MiB/s]     ratio to lossless  \
+         retx/loss  timeouts"
+    );
     for s in &sums {
         let base = lossless(&sums, s.recovery);
         let dropped = s.counters["dropped_injected"].as_f64().unwrap_or(0.0);
         let retx = s.counters["retransmits"].as_f64().unwrap_or(0.0);
         let timeouts = s.counters["timeout_retries"].as_f64().unwrap_or(0.0);
         say!(
-            " {:<4}  {:<7.1}  {:<6}  {:<13.1}  {:<18}  {:<5.2}  {:<9}  {}",
+            " {:<4}  {:<7.1}  {:<6}  {:<13.1}  {:<18}  {:<17.2}  {:<9}  {}",
             s.recovery.name(),
             s.loss * 100.0,
             s.rounds,

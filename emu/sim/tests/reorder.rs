@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use emu_sim::fault::{FaultPlan, delay, rate_limit};
 use emu_sim::{PairOptions, SimProvider};
-use verbs_api::{
-    CompletionQueue, MemoryRegion, QueuePair, RcConnectOptions, Recovery, SendOp, SendWr, WcStatus,
-};
+use verbs_api::{MemoryRegion, QueuePair, RcConnectOptions, Recovery, SendOp, SendWr, WcStatus};
 
 /// WRITEs in the stream and at most this many outstanding.
 const WRS: u64 = 200;

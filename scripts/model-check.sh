@@ -5,6 +5,7 @@
 #   scripts/model-check.sh                 every configuration (minutes)
 #   scripts/model-check.sh mix4 rnr        some of them
 #   scripts/model-check.sh mix4 --depth 12 with another depth bound
+#   scripts/model-check.sh all --recovery sr  selective repeat (the softverbs extension) on both QPs
 #
 # MODEL_PROGRESS=1 prints the state count at each depth; MODEL_NARRATE=1 narrates a violating
 # schedule step by step. A violation exits 1 after printing its schedule as an rc_pair.rs test.

@@ -88,6 +88,7 @@ pub fn main(args: &DemoArgs) -> u8 {
         qp_timeout: 14,
         retry_cnt: 7,
         rnr_retry: 7,
+        recovery: crate::recovery::RecoveryArg::Ibta,
         slack: Duration::from_millis(500),
         timeout: Some(args.duration + Duration::from_secs(30)),
         self_test_corrupt: false,
@@ -168,7 +169,7 @@ pub fn verdict(r: &Report) -> (Vec<String>, bool) {
         .node_reports
         .iter()
         .filter_map(|n| n.stats.as_ref())
-        .map(|s| s.retransmits_timeout + s.retransmits_nak)
+        .map(|s| s.retransmits_timeout + s.retransmits_nak + s.retransmits_sack)
         .sum();
     let checked: u64 = r
         .invariants

@@ -22,4 +22,5 @@ pub mod exec;
 pub mod interop;
 pub mod ladder;
 pub mod perf;
+pub mod recovery;
 pub mod run;

@@ -366,8 +366,18 @@ fn sweep_loss_writes_svg() {
     ]);
     assert_eq!(out.code, 0, "{}", out.dump());
     assert!(out.stdout.contains("ratio to lossless"), "{}", out.dump());
+    // Both loss-recovery modes, each at every loss rate.
+    for mode in ["ibta", "sr"] {
+        let rows = out
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!(" {mode} ")))
+            .count();
+        assert_eq!(rows, 7, "{mode}: {}", out.dump());
+    }
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg") && text.contains("polyline"));
+    assert!(text.contains("selective repeat") && text.contains("IBTA go-back-N"));
     let _ = std::fs::remove_file(&svg);
 }
 

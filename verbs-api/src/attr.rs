@@ -229,6 +229,26 @@ pub struct QpAttr {
     pub retry_cnt: u8,
     /// RNR retries before RNR_RETRY_EXC_ERR, 0..=7, 7 = infinite (`RNR_RETRY`, §3.7).
     pub rnr_retry: u8,
+    /// Loss recovery of an RC QP (`RECOVERY`, a softverbs extension with no libibverbs
+    /// counterpart): [`Recovery::Ibta`] unless set.
+    #[serde(default)]
+    pub recovery: Recovery,
+}
+
+/// How an RC QP recovers from lost packets: a **softverbs extension** (rc-transport.md
+/// "softverbs extensions"), set with [`QpAttrMask::RECOVERY`](crate::QpAttrMask::RECOVERY).
+///
+/// Selective repeat changes what goes on the wire, so both ends must set it; a standard peer
+/// (hardware, rxe, a QP left at the default) only ever sees IBTA packets. Backends that cannot
+/// do it (`verbs-hw`) reject [`Recovery::SelectiveRepeat`] with `NotSupported`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Recovery {
+    /// IBTA go-back-N: sequence NAKs and the local ACK timeout (the default).
+    #[default]
+    Ibta,
+    /// Selective repeat: the responder keeps out-of-order packets and answers with selective
+    /// ACKs; the requester resends only what is missing.
+    SelectiveRepeat,
 }
 
 impl Default for QpAttr {
@@ -254,6 +274,7 @@ impl Default for QpAttr {
             timeout: 0,
             retry_cnt: 0,
             rnr_retry: 0,
+            recovery: Recovery::Ibta,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Connecting an RC QP to a peer: the RESET → INIT → RTR → RTS walk every RDMA program writes,
 //! with the masks of rc-transport.md §5.1.
 
-use crate::attr::{AhAttr, QpAttr};
+use crate::attr::{AhAttr, QpAttr, Recovery};
 use crate::error::Result;
 use crate::traits::QueuePair;
 use crate::types::{AccessFlags, Endpoint, Mtu, QpAttrMask, QpState};
@@ -30,6 +30,10 @@ pub struct RcConnectOptions {
     pub hop_limit: u8,
     /// Port number.
     pub port_num: u8,
+    /// Loss recovery (a softverbs extension, [`Recovery`]): anything but the default sets
+    /// [`QpAttrMask::RECOVERY`] at RESET → INIT, which only softverbs backends accept. Both
+    /// ends must agree.
+    pub recovery: Recovery,
 }
 
 impl Default for RcConnectOptions {
@@ -48,6 +52,7 @@ impl Default for RcConnectOptions {
             max_dest_rd_atomic: 16,
             hop_limit: 64,
             port_num: 1,
+            recovery: Recovery::Ibta,
         }
     }
 }
@@ -83,9 +88,15 @@ pub fn connect_rc<Q: QueuePair>(
         rnr_retry: opts.rnr_retry,
         sq_psn: local_psn,
         max_rd_atomic: opts.max_rd_atomic,
+        recovery: opts.recovery,
         ..QpAttr::default()
     };
-    qp.modify(&attr, INIT_MASK)?;
+    let init = if opts.recovery == Recovery::Ibta {
+        INIT_MASK
+    } else {
+        INIT_MASK | QpAttrMask::RECOVERY
+    };
+    qp.modify(&attr, init)?;
     qp.modify(
         &QpAttr {
             qp_state: QpState::Rtr,

@@ -35,7 +35,9 @@ pub mod ud;
 pub mod wc;
 pub mod wr;
 
-pub use attr::{AhAttr, AtomicCap, DeviceAttr, PortAttr, QpAttr, QpCap, QpInitAttr, SrqAttr};
+pub use attr::{
+    AhAttr, AtomicCap, DeviceAttr, PortAttr, QpAttr, QpCap, QpInitAttr, Recovery, SrqAttr,
+};
 pub use connect::{RcConnectOptions, connect_rc};
 pub use error::{Error, ErrorKind, PostError, Result};
 pub use event::{AsyncEvent, AsyncEventKind, EventElement};

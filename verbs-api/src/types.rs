@@ -346,6 +346,9 @@ bitflags::bitflags! {
         const DEST_QPN = 1 << 20;
         /// `IBV_QP_RATE_LIMIT`.
         const RATE_LIMIT = 1 << 25;
+        /// [`QpAttr::recovery`](crate::QpAttr::recovery): a softverbs extension, no
+        /// libibverbs bit (RC only; RESET → INIT, INIT → INIT and INIT → RTR).
+        const RECOVERY = 1 << 29;
     }
 }
 

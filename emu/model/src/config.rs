@@ -1,7 +1,7 @@
 //! What system the explorer builds: the work requests, the connection options and the
 //! network's budgets. Named configurations live in [`Config::named`].
 
-use verbs_api::Mtu;
+use verbs_api::{Mtu, Recovery};
 
 /// Which node.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -139,6 +139,9 @@ pub struct Config {
     /// Stop after this many distinct states (a safety net for the machine, not a bound the
     /// report may hide: a run that hits it says so).
     pub max_states: usize,
+    /// Loss recovery of every QP (`--recovery sr`: selective repeat, the softverbs extension,
+    /// on both ends).
+    pub recovery: Recovery,
 }
 
 impl Config {
@@ -163,6 +166,7 @@ impl Config {
             fair: FairCheck::Every,
             shared_target: false,
             max_states: 10_000_000,
+            recovery: Recovery::Ibta,
         }
     }
 

@@ -1,4 +1,4 @@
-//! `model-check [NAME|all] [--depth N] [--fair every|leaves]`: explores the named configurations
+//! `model-check [NAME|all] [--depth N] [--fair every|leaves] [--recovery ibta|sr]`: explores the named configurations
 //! (see `emu_model::Config::NAMES`) and prints one table row each; on a violation, prints the
 //! schedule as a packet-level test and exits with status 1.
 
@@ -6,12 +6,14 @@ use std::process::ExitCode;
 
 use emu_model::explore::explore_with;
 use emu_model::{Config, FairCheck, scenario};
+use verbs_api::Recovery;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut names: Vec<String> = Vec::new();
     let mut depth: Option<u32> = None;
     let mut fair: Option<FairCheck> = None;
+    let mut recovery = Recovery::Ibta;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -20,6 +22,13 @@ fn main() -> ExitCode {
                 fair = match it.next().map(String::as_str) {
                     Some("every") => Some(FairCheck::Every),
                     Some("leaves") => Some(FairCheck::Leaves),
+                    _ => return usage(),
+                }
+            }
+            "--recovery" => {
+                recovery = match it.next().map(String::as_str) {
+                    Some("ibta") => Recovery::Ibta,
+                    Some("sr") => Recovery::SelectiveRepeat,
                     _ => return usage(),
                 }
             }
@@ -45,6 +54,10 @@ fn main() -> ExitCode {
         }
         if let Some(f) = fair {
             cfg.fair = f;
+        }
+        cfg.recovery = recovery;
+        if recovery != Recovery::Ibta {
+            cfg.name = format!("{} (sr)", cfg.name);
         }
         let r = explore_with(&cfg, std::env::var_os("MODEL_PROGRESS").is_some());
         let wrs: Vec<String> = cfg.wrs.iter().map(|w| format!("{:?}", w.op)).collect();
@@ -91,7 +104,9 @@ fn main() -> ExitCode {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: model-check NAME...|all [--depth N] [--fair every|leaves]");
+    eprintln!(
+        "usage: model-check NAME...|all [--depth N] [--fair every|leaves] [--recovery ibta|sr]"
+    );
     eprintln!("configurations: {}", Config::NAMES.join(", "));
     ExitCode::from(2)
 }

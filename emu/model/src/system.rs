@@ -626,10 +626,16 @@ fn connect_qp(cfg: &Config, hca: &mut Hca, qpn: u32, side: Side, peer_qpn: u32) 
             udp_dport: PORT,
             ..AhAttr::default()
         },
+        recovery: cfg.recovery,
         ..QpAttr::default()
     };
+    let init = if cfg.recovery == verbs_api::Recovery::Ibta {
+        connect::INIT_MASK
+    } else {
+        connect::INIT_MASK | verbs_api::QpAttrMask::RECOVERY
+    };
     let steps = [
-        (QpState::Init, connect::INIT_MASK),
+        (QpState::Init, init),
         (QpState::Rtr, connect::RTR_MASK),
         (QpState::Rts, connect::RTS_MASK),
     ];

@@ -31,6 +31,18 @@ fn small_send_read() {
     assert_eq!(r.fair_runs, r.states);
 }
 
+/// The same with selective repeat on both QPs (the softverbs extension): holding, selective
+/// ACKs, resends and the probe keep every property.
+#[test]
+fn small_send_read_selective_repeat() {
+    let mut cfg = Config::named("small").unwrap();
+    cfg.depth = 7;
+    cfg.recovery = verbs_api::Recovery::SelectiveRepeat;
+    let r = run(&cfg);
+    assert!(r.states > 1_000, "{r:?}");
+    assert_eq!(r.fair_runs, r.states);
+}
+
 /// retry_cnt 1 and two losses: the retry-exhausted path (ERR, RETRY_EXC_ERR, flush) is
 /// reached and checked.
 #[test]

@@ -1087,6 +1087,10 @@ impl Hca {
             self.handle_uc(now, src.ip(), bytes, mem);
             return;
         }
+        if bytes.first() == Some(&crate::wire::SACK_OPCODE) {
+            self.handle_sack(now, src.ip(), bytes, mem);
+            return;
+        }
         let Ok(pkt) = PacketRepr::parse(&Packet::new_unchecked(bytes)) else {
             self.stats.count_drop(RxDropCause::Malformed);
             return;
@@ -1109,6 +1113,37 @@ impl Hca {
             qp.rc.stats.rcvd_pkts += 1;
             completer::handle_response(qp, &mut ctx, &pkt) == completer::Disposition::Fatal
         };
+        self.after_step(qpn, fatal, true);
+    }
+
+    /// A selective ACK (ICRC checked): to its RC QP's completer if that QP runs selective
+    /// repeat; a QP in IBTA mode drops it as malformed, as a standard peer would.
+    fn handle_sack(&mut self, now: Instant, src: IpAddr, bytes: &[u8], mem: &dyn Memory) {
+        let Ok(sack) = crate::wire::SackPacketRepr::parse(bytes) else {
+            self.stats.count_drop(RxDropCause::Malformed);
+            return;
+        };
+        let qpn = sack.bth.dest_qp;
+        let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Rc) else {
+            return;
+        };
+        let cause = if !rc::sr::enabled(qp) {
+            Some(RxDropCause::Malformed)
+        } else if !matches!(qp.state(), QpState::Rts | QpState::Sqd) {
+            Some(RxDropCause::WrongState)
+        } else if qp.peer_ip != src {
+            Some(RxDropCause::WrongSource)
+        } else if sack.bth.pkey & 0x7FFF != 0x7FFF {
+            Some(RxDropCause::BadPkey)
+        } else {
+            None
+        };
+        if let Some(cause) = cause {
+            qp.rc.stats.count_drop(cause);
+            return;
+        }
+        let mut ctx = step_ctx!(self, now, mem);
+        let fatal = completer::handle_sack(qp, &mut ctx, &sack) == completer::Disposition::Fatal;
         self.after_step(qpn, fatal, true);
     }
 
@@ -1275,6 +1310,8 @@ impl Hca {
                 qp.rc.rnr_at = qp.rc.rnr_at.map(rebase);
                 qp.rc.timer_key = qp.rc.timer_key.map(rebase);
                 qp.rc.nak_deferred = qp.rc.nak_deferred.map(|(psn, t)| (psn, rebase(t)));
+                qp.rc.sr.probe_at = qp.rc.sr.probe_at.map(rebase);
+                rc::sr::rebase_seq(&mut qp.rc.sr);
                 // Instants in the past, kept as their age.
                 qp.rc.rewound = qp.rc.rewound.map(|(t, psn)| (age(t), psn));
                 qp.rc.rtt_probe = qp.rc.rtt_probe.map(|(psn, t)| (psn, age(t)));

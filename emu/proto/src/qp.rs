@@ -113,7 +113,8 @@ impl Qp {
     }
 }
 
-/// The mask bits libibverbs defines; any other bit is unknown (`EOPNOTSUPP`).
+/// The mask bits libibverbs defines and softverbs' `RECOVERY`; any other bit is unknown
+/// (`EOPNOTSUPP`).
 const KNOWN_BITS: QpAttrMask = QpAttrMask::all();
 
 /// Required and optional mask bits of an RC transition, or `None` if it is illegal
@@ -124,8 +125,12 @@ pub(crate) fn rc_transition(from: QpState, to: QpState) -> Option<(QpAttrMask, Q
     let none = M::empty();
     Some(match (from, to) {
         (Reset, Reset) => (none, none),
-        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
-        (Init, Init) => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        // RECOVERY (a softverbs extension) is set before the QP carries traffic.
+        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::RECOVERY),
+        (Init, Init) => (
+            none,
+            M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS | M::RECOVERY,
+        ),
         (Init, Rtr) => (
             M::AV
                 | M::PATH_MTU
@@ -133,7 +138,7 @@ pub(crate) fn rc_transition(from: QpState, to: QpState) -> Option<(QpAttrMask, Q
                 | M::RQ_PSN
                 | M::MAX_DEST_RD_ATOMIC
                 | M::MIN_RNR_TIMER,
-            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::RECOVERY,
         ),
         (Rtr, Rts) => (
             M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
@@ -387,6 +392,7 @@ pub(crate) fn apply_attrs(dst: &mut QpAttr, attr: &QpAttr, mask: QpAttrMask) {
         MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
         DEST_QPN => dest_qp_num,
         QKEY => qkey,
+        RECOVERY => recovery,
     );
 }
 

@@ -53,12 +53,26 @@ pub struct Stats {
     pub duplicate_response: u64,
     /// ACKs sent (coalesced, explicit).
     pub acks_sent: u64,
+    /// Request packets sent again because selective ACKs showed them missing, or by the
+    /// selective-repeat probe (softverbs extension; 0 in IBTA mode).
+    pub retransmits_sack: u64,
+    /// Selective ACKs sent (selective repeat only).
+    pub sacks_sent: u64,
+    /// Selective ACKs received (selective repeat only).
+    pub sacks_rcvd: u64,
+    /// Selective-repeat probe timer expiries that resent something (selective repeat only).
+    pub sr_probes: u64,
     /// Received packets discarded, by cause (some also count in an older counter: see
     /// [`RxDropCause`]).
     pub rx_drops: RxDrops,
 }
 
 impl Stats {
+    /// Request packets sent again, whatever made them go again (timeout, NAK, selective ACK).
+    pub fn retransmits(&self) -> u64 {
+        self.retransmits_timeout + self.retransmits_nak + self.retransmits_sack
+    }
+
     /// Counts one received packet discarded for `cause`: its per-cause counter and the older
     /// counter that has always counted it, if any ([`RxDropCause`] says which).
     pub(crate) fn count_drop(&mut self, cause: RxDropCause) {
@@ -257,6 +271,10 @@ impl AddAssign for Stats {
             retry_rnr_exceeded_err,
             duplicate_response,
             acks_sent,
+            retransmits_sack,
+            sacks_sent,
+            sacks_rcvd,
+            sr_probes,
             rx_drops
         );
     }

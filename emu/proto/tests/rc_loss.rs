@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use common::{Action, Dir, Node, Pair};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
-use verbs_api::{QpState, SendOp, SendWr, WcOpcode, WcStatus};
+use proptest::test_runner::{Config, RngSeed, TestCaseError};
+use verbs_api::{QpState, Recovery, SendOp, SendWr, WcOpcode, WcStatus};
 
 /// Deterministic 64-bit generator (SplitMix64).
 #[derive(Clone, Debug)]
@@ -193,24 +193,101 @@ proptest! {
         hold in 0u64..60,
         rate in 1usize..24,
     ) {
-        let mut p = Pair::with(common::Opts { timeout: 10, ..common::Opts::default() });
-        fill(&mut p);
         let faults = Faults { data_drop, ack_drop, dup, hold };
-        let out = stream(&mut p, 120, rate, Duration::from_micros(5), faults, seed);
-        prop_assert!(out.done, "did not finish ({:?})", p.a.stats());
-        prop_assert_eq!(p.a.state(), QpState::Rts);
-        prop_assert_eq!(p.b.state(), QpState::Rts);
-        let rwcs = p.b.recv_wcs();
-        let want: Vec<u64> = (0..120u64).filter(|i| i % 4 == 3).collect();
-        let got: Vec<u64> = rwcs.iter().map(|w| w.wr_id).collect();
-        prop_assert_eq!(got, want, "receives exactly once, in order");
-        for wc in &rwcs {
-            prop_assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::Recv, SEND_LEN));
-            let off = u64::from(SEND_LEN) * (wc.wr_id % 16);
-            prop_assert_eq!(p.b.read(&p.b.mr, off, SEND_LEN as usize), p.a.read(&p.a.mr, off, SEND_LEN as usize));
-        }
-        let w = p.b.read(&p.b.mr, 8192, WRITE_LEN as usize);
-        prop_assert_eq!(w, p.a.read(&p.a.mr, 0, WRITE_LEN as usize));
-        let _ = out.steps;
+        check_stream(Recovery::Ibta, faults, rate, seed)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(48, 0x5eed_5319))]
+
+    /// The same property with selective repeat on both ends.
+    #[test]
+    fn selective_repeat_stream_completes_exactly_once_in_order(
+        seed in any::<u64>(),
+        data_drop in 0u64..60,
+        ack_drop in 0u64..60,
+        dup in 0u64..40,
+        hold in 0u64..60,
+        rate in 1usize..24,
+    ) {
+        let faults = Faults { data_drop, ack_drop, dup, hold };
+        check_stream(Recovery::SelectiveRepeat, faults, rate, seed)?;
+    }
+}
+
+/// Runs 120 WRs under `faults` and checks exactly-once, in-order completion and the data.
+fn check_stream(
+    recovery: Recovery,
+    faults: Faults,
+    rate: usize,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let mut p = Pair::with(common::Opts {
+        timeout: 10,
+        recovery,
+        ..common::Opts::default()
+    });
+    fill(&mut p);
+    let out = stream(&mut p, 120, rate, Duration::from_micros(5), faults, seed);
+    prop_assert!(out.done, "did not finish ({:?})", p.a.stats());
+    prop_assert_eq!(p.a.state(), QpState::Rts);
+    prop_assert_eq!(p.b.state(), QpState::Rts);
+    let rwcs = p.b.recv_wcs();
+    let want: Vec<u64> = (0..120u64).filter(|i| i % 4 == 3).collect();
+    let got: Vec<u64> = rwcs.iter().map(|w| w.wr_id).collect();
+    prop_assert_eq!(got, want, "receives exactly once, in order");
+    for wc in &rwcs {
+        prop_assert_eq!(
+            (wc.status, wc.opcode, wc.byte_len),
+            (WcStatus::Success, WcOpcode::Recv, SEND_LEN)
+        );
+        let off = u64::from(SEND_LEN) * (wc.wr_id % 16);
+        prop_assert_eq!(
+            p.b.read(&p.b.mr, off, SEND_LEN as usize),
+            p.a.read(&p.a.mr, off, SEND_LEN as usize)
+        );
+    }
+    let w = p.b.read(&p.b.mr, 8192, WRITE_LEN as usize);
+    prop_assert_eq!(w, p.a.read(&p.a.mr, 0, WRITE_LEN as usize));
+    let _ = out.steps;
+    Ok(())
+}
+
+/// Selective repeat under data loss alone: no ACK timeout, no sequence NAK, and each loss costs
+/// about one resent packet, not a window.
+#[test]
+fn selective_repeat_resends_only_what_is_lost() {
+    for seed in 0..8u64 {
+        let mut p = Pair::with(common::Opts {
+            timeout: 14,
+            recovery: Recovery::SelectiveRepeat,
+            ..common::Opts::default()
+        });
+        fill(&mut p);
+        let faults = Faults {
+            data_drop: 10,
+            ack_drop: 0,
+            dup: 0,
+            hold: 0,
+        };
+        let out = stream(&mut p, 400, 16, Duration::from_micros(5), faults, seed);
+        assert!(out.done, "seed {seed}: stalled");
+        let (a, b) = (p.a.stats(), p.b.stats());
+        let lost = p
+            .trace
+            .iter()
+            .filter(|(s, act)| s.dir == Dir::AtoB && *act == Action::Drop)
+            .count() as u64;
+        assert_eq!(a.timeout_retries, 0, "seed {seed}: {a:?} {b:?}");
+        assert_eq!(b.seq_naks_sent, 0);
+        assert!(b.sacks_sent > 0 && a.sacks_rcvd > 0);
+        assert_eq!(a.retransmits_nak + a.retransmits_timeout, 0, "{a:?}");
+        // One resend per loss, plus the odd probe (go-back-N resends ~a window per loss).
+        assert!(
+            a.retransmits_sack <= lost + lost / 8 + 2,
+            "seed {seed}: {lost} lost, {a:?}"
+        );
+        assert_eq!(p.b.recv_wcs().len(), 100);
     }
 }

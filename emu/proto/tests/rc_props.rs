@@ -22,8 +22,8 @@ use std::rc::Rc;
 
 use common::{Action, Node, Opts, Pair, Side};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
-use verbs_api::{QpState, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus};
+use proptest::test_runner::{Config, RngSeed, TestCaseError};
+use verbs_api::{QpState, Recovery, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus};
 
 /// Deterministic 64-bit generator (SplitMix64) for layouts and fault decisions.
 #[derive(Clone, Debug)]
@@ -602,60 +602,115 @@ proptest! {
         level in 0u64..5,
         lazy_recv in prop::bool::weighted(0.3),
     ) {
-        let mut p = Pair::with(opts(rd));
-        let planned = plan(&p, &specs);
-        let faults = Faults { drop: 25 * level, dup: 20 * level, hold: 40 * level };
-        let partition = setup(&mut p, &planned, faults, fault_seed, lazy_recv);
-        prop_assert!(
-            drive(&mut p, &planned, fault_seed, &partition, None, lazy_recv),
-            "did not settle"
+        check_lossy(Recovery::Ibta, &specs, fault_seed, rd, level, lazy_recv)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(1500, 0x5eed_5311))]
+
+    /// The same property with selective repeat on both QPs.
+    #[test]
+    fn selective_repeat_lossy_network_completes_everything_exactly_once(
+        specs in prop::collection::vec(op_spec(), 1..14),
+        fault_seed in any::<u64>(),
+        rd in prop_oneof![Just(1u8), Just(2u8), Just(4u8)],
+        level in 0u64..5,
+        lazy_recv in prop::bool::weighted(0.3),
+    ) {
+        check_lossy(Recovery::SelectiveRepeat, &specs, fault_seed, rd, level, lazy_recv)?;
+    }
+}
+
+/// Runs `specs` under faults of `level` and checks every effect against the model.
+fn check_lossy(
+    recovery: Recovery,
+    specs: &[OpSpec],
+    fault_seed: u64,
+    rd: u8,
+    level: u64,
+    lazy_recv: bool,
+) -> Result<(), TestCaseError> {
+    let mut p = Pair::with(Opts {
+        recovery,
+        ..opts(rd)
+    });
+    let planned = plan(&p, specs);
+    let faults = Faults {
+        drop: 25 * level,
+        dup: 20 * level,
+        hold: 40 * level,
+    };
+    let partition = setup(&mut p, &planned, faults, fault_seed, lazy_recv);
+    prop_assert!(
+        drive(&mut p, &planned, fault_seed, &partition, None, lazy_recv),
+        "did not settle"
+    );
+    prop_assert_eq!(p.next_deadline(), None);
+    for side in [Side::A, Side::B] {
+        prop_assert_eq!(p.node(side).state(), QpState::Rts);
+        let wcs = p.node(side).send_wcs();
+        let want: Vec<_> = planned
+            .iter()
+            .filter(|w| w.from == side && w.signaled)
+            .map(|w| (w.wr_id, WcStatus::Success, send_opcode(&w.op), w.len))
+            .collect();
+        let got: Vec<_> = wcs
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+            .collect();
+        prop_assert_eq!(got, want, "send completions of {:?}", side);
+        let consumers: Vec<&Planned> = planned
+            .iter()
+            .filter(|w| w.from == peer(side) && w.recv.is_some())
+            .collect();
+        let rwcs = p.node(side).recv_wcs();
+        prop_assert_eq!(
+            rwcs.len(),
+            consumers.len(),
+            "receive completions of {:?}",
+            side
         );
-        prop_assert_eq!(p.next_deadline(), None);
-        for side in [Side::A, Side::B] {
-            prop_assert_eq!(p.node(side).state(), QpState::Rts);
-            let wcs = p.node(side).send_wcs();
-            let want: Vec<_> = planned
-                .iter()
-                .filter(|w| w.from == side && w.signaled)
-                .map(|w| (w.wr_id, WcStatus::Success, send_opcode(&w.op), w.len))
-                .collect();
-            let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status, w.opcode, w.byte_len)).collect();
-            prop_assert_eq!(got, want, "send completions of {:?}", side);
-            let consumers: Vec<&Planned> = planned
-                .iter()
-                .filter(|w| w.from == peer(side) && w.recv.is_some())
-                .collect();
-            let rwcs = p.node(side).recv_wcs();
-            prop_assert_eq!(rwcs.len(), consumers.len(), "receive completions of {:?}", side);
-            for (w, wc) in consumers.iter().zip(&rwcs) {
-                check_recv(&mut p, w, wc)?;
-            }
-        }
-        for w in &planned {
-            check_effects(&mut p, w)?;
-        }
-        // Atomic words hold the model's final values.
-        let mut words = [[0u64; 2]; 2];
-        for w in &planned {
-            if let SendOp::AtomicCmpAndSwp { remote_addr, compare, swap, .. } = w.op {
-                let t = usize::from(w.from == Side::A);
-                let i = ((remote_addr - WORDS) % 16 / 8) as usize;
-                if words[t][i] == compare { words[t][i] = swap; }
-            }
-            if let SendOp::AtomicFetchAndAdd { remote_addr, add, .. } = w.op {
-                let t = usize::from(w.from == Side::A);
-                let i = ((remote_addr - WORDS) % 16 / 8) as usize;
-                words[t][i] = words[t][i].wrapping_add(add);
-            }
-        }
-        for (t, side) in [(0, Side::A), (1, Side::B)] {
-            let node = p.node(side);
-            let mr = node.mr;
-            for (i, &want) in words[t].iter().enumerate() {
-                prop_assert_eq!(node.word(&mr, WORDS + 8 * i as u64), want);
-            }
+        for (w, wc) in consumers.iter().zip(&rwcs) {
+            check_recv(&mut p, w, wc)?;
         }
     }
+    for w in &planned {
+        check_effects(&mut p, w)?;
+    }
+    // Atomic words hold the model's final values.
+    let mut words = [[0u64; 2]; 2];
+    for w in &planned {
+        if let SendOp::AtomicCmpAndSwp {
+            remote_addr,
+            compare,
+            swap,
+            ..
+        } = w.op
+        {
+            let t = usize::from(w.from == Side::A);
+            let i = ((remote_addr - WORDS) % 16 / 8) as usize;
+            if words[t][i] == compare {
+                words[t][i] = swap;
+            }
+        }
+        if let SendOp::AtomicFetchAndAdd {
+            remote_addr, add, ..
+        } = w.op
+        {
+            let t = usize::from(w.from == Side::A);
+            let i = ((remote_addr - WORDS) % 16 / 8) as usize;
+            words[t][i] = words[t][i].wrapping_add(add);
+        }
+    }
+    for (t, side) in [(0, Side::A), (1, Side::B)] {
+        let node = p.node(side);
+        let mr = node.mr;
+        for (i, &want) in words[t].iter().enumerate() {
+            prop_assert_eq!(node.word(&mr, WORDS + 8 * i as u64), want);
+        }
+    }
+    Ok(())
 }
 
 proptest! {

@@ -1,15 +1,15 @@
-//! Fuzz target `pair`: two connected RC QPs exchanging arbitrary operations over a wire whose
-//! losses, duplicates and reordering the input decides, in virtual time (rc-transport.md
-//! §2–§4, §6).
+//! Fuzz target `pair`: two connected RC QPs (IBTA or selective-repeat recovery, both alike)
+//! exchanging arbitrary operations over a wire whose losses, duplicates and reordering the
+//! input decides, in virtual time (rc-transport.md §2–§4, §6).
 
 use core::net::SocketAddr;
 use std::collections::VecDeque;
 
-use emu_proto::wire::{Packet, PacketRepr};
+use emu_proto::wire::{Packet, PacketRepr, SackPacketRepr};
 use emu_proto::{CqId, Hca, HcaConfig, Instant, MAX_PACKET_LEN, MrInfo};
 use verbs_api::{
-    AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpCap, QpInitAttr, QpState, RecvWr, SendFlags, SendOp,
-    SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion, connect,
+    AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, Recovery,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion, connect,
 };
 
 use super::common::{A_IP, B_IP, Input, PORT, TestMemory, icrc_ok, pattern, poll_all};
@@ -36,7 +36,8 @@ const WORDS: u64 = 60 * 1024;
 const MR_LEN: u64 = 64 * 1024;
 
 /// Fuzz target `pair`: two HCAs, each with one RC QP connected to the other (MTU, timeout,
-/// `retry_cnt`, `max_rd_atomic` and both start PSNs from the input; `rnr_retry` 7), and up to
+/// `retry_cnt`, `max_rd_atomic`, both start PSNs and the loss recovery — IBTA or selective
+/// repeat, both QPs alike — from the input; `rnr_retry` 7), and up to
 /// 12 operations of every kind (SEND ± imm, WRITE ± imm, READ, CMP_SWAP, FETCH_ADD; 0–1200
 /// bytes; 1–3 SGEs or inline; signaled or not; fenced; solicited) from either side, their
 /// receive WQEs posted up front or lazily (so RNR NAKs happen). The input then schedules up
@@ -429,6 +430,17 @@ impl Pair {
                 _ => inp.u24(),
             },
         ];
+        // Both QPs alike: IBTA go-back-N or selective repeat (the softverbs extension).
+        let recovery = if inp.below(2) == 1 {
+            Recovery::SelectiveRepeat
+        } else {
+            Recovery::Ibta
+        };
+        let init_mask = if recovery == Recovery::Ibta {
+            connect::INIT_MASK
+        } else {
+            connect::INIT_MASK | QpAttrMask::RECOVERY
+        };
         let all = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_READ
@@ -487,10 +499,11 @@ impl Pair {
                     udp_dport: PORT,
                     ..AhAttr::default()
                 },
+                recovery,
                 ..QpAttr::default()
             };
             for (state, mask) in [
-                (QpState::Init, connect::INIT_MASK),
+                (QpState::Init, init_mask),
                 (QpState::Rtr, connect::RTR_MASK),
                 (QpState::Rts, connect::RTS_MASK),
             ] {
@@ -558,8 +571,11 @@ impl Pair {
                 let to = 1 - i;
                 assert_eq!(tx.dst, self.nodes[to].addr, "datagram to the wrong node");
                 assert!(icrc_ok(src, tx.dst, &buf), "emitted a bad ICRC");
-                if let Err(e) = PacketRepr::parse(&Packet::new_unchecked(&buf[..])) {
-                    panic!("emitted an unparsable packet: {e}");
+                // A selective ACK is not an IBTA packet; everything else must parse as one.
+                if SackPacketRepr::parse(&buf).is_err() {
+                    if let Err(e) = PacketRepr::parse(&Packet::new_unchecked(&buf[..])) {
+                        panic!("emitted an unparsable packet: {e}");
+                    }
                 }
                 let d = Dgram {
                     to,

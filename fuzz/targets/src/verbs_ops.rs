@@ -783,6 +783,8 @@ impl Model {
             timeout: inp.below(20) as u8,
             retry_cnt: inp.below(8) as u8,
             rnr_retry: inp.below(8) as u8,
+            // The RECOVERY mask bit comes from the mask cases above; the value stays IBTA.
+            recovery: verbs_api::Recovery::Ibta,
         };
         // Sometimes one value out of range (or a wrong CUR_STATE / zero GID / port).
         match inp.below(32) {

@@ -37,6 +37,8 @@ use emu_udp::{UdpProvider, oob};
 use serde::{Deserialize, Serialize};
 use verbs_api::{Device, Provider};
 
+use crate::recovery::RecoveryArg;
+
 pub use stats::{BwResult, BwUnit, LatDuration, LatResult};
 
 /// `println!` that ignores a closed stdout (`softverbs perf … | head` must not panic).
@@ -272,9 +274,20 @@ pub struct PerfArgs {
     /// Drop this fraction (0–1) of the datagrams each side sends (the driver's fault plan).
     #[arg(long = "loss", value_name = "P")]
     pub loss: Option<f64>,
-    /// Goodput versus loss rate (0, 0.1, 1, 5, 10 %) for a bandwidth test (default write_bw).
+    /// Goodput versus loss rate (0, 0.1, 0.5, 1, 2, 5, 10 %) for a bandwidth test (default
+    /// write_bw), in both loss-recovery modes (IBTA and selective repeat).
     #[arg(long = "sweep-loss")]
     pub sweep_loss: bool,
+    /// With --sweep-loss: measure each point this many times and report the median (and the
+    /// spread).
+    #[arg(long = "rounds", default_value_t = 1, requires = "sweep_loss",
+          value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub rounds: u32,
+    /// Loss recovery of the QPs: IBTA go-back-N, or selective repeat (a softverbs extension
+    /// both ends enable; they do here, the server takes it from the client's configuration).
+    /// --sweep-loss runs both.
+    #[arg(long = "recovery", value_enum, default_value_t = RecoveryArg::Ibta)]
+    pub recovery: RecoveryArg,
     /// With --sweep-loss: write an SVG plot of goodput versus loss here.
     #[arg(long = "svg", value_name = "FILE", requires = "sweep_loss")]
     pub svg: Option<PathBuf>,
@@ -378,6 +391,9 @@ pub(crate) struct Config {
     pub(crate) spin_yield: bool,
     pub(crate) baseline: bool,
     pub(crate) seed: u64,
+    /// Loss recovery of both sides' QPs (the endpoint exchange carries it to the server).
+    #[serde(default)]
+    pub(crate) recovery: RecoveryArg,
 }
 
 impl Config {
@@ -503,9 +519,14 @@ impl Config {
         } else {
             vec![a.loss.unwrap_or(0.0)]
         };
+        let rounds = if a.sweep_loss { a.rounds } else { 1 };
         let runs = sizes
             .iter()
-            .flat_map(|&size| losses.iter().map(move |&loss| RunSpec { size, loss }))
+            .flat_map(|&size| {
+                losses
+                    .iter()
+                    .flat_map(move |&loss| (0..rounds).map(move |_| RunSpec { size, loss }))
+            })
             .collect();
         let tx_depth = a.tx_depth.unwrap_or(if test.is_bw() { 128 } else { 1 });
         Ok((
@@ -528,6 +549,7 @@ impl Config {
                 spin_yield: a.spin_yield,
                 baseline: a.baseline,
                 seed: a.seed,
+                recovery: a.recovery,
             },
             test,
         ))
@@ -564,22 +586,41 @@ fn run_inner(args: &PerfArgs) -> Result<(), PerfError> {
         return serve_tcp(args);
     }
     let mut out = Output::new(args, &cfg);
+    let modes = if args.sweep_loss {
+        vec![RecoveryArg::Ibta, RecoveryArg::Sr]
+    } else {
+        vec![args.recovery]
+    };
+    for recovery in modes {
+        let cfg = Config {
+            recovery,
+            ..cfg.clone()
+        };
+        run_session(args, &cfg, &mut out)?;
+    }
+    out.finish(args)
+}
+
+/// One client session (a server child for a loopback UDP run): every run of `cfg`.
+fn run_session(args: &PerfArgs, cfg: &Config, out: &mut Output) -> Result<(), PerfError> {
+    let cfg = cfg.clone();
+    let out = &mut *out;
     match args.backend {
-        Backend::Inproc => run_inproc(&cfg, &mut out)?,
+        Backend::Inproc => run_inproc(&cfg, out)?,
         Backend::Udp => match &args.client {
             Some(addr) => {
                 let server = resolve(addr, args.port)?;
-                run_client_tcp(args, &cfg, server, &mut out)?;
+                run_client_tcp(args, &cfg, server, out)?;
             }
             None => {
                 let server = ServerChild::spawn(args)?;
-                let result = run_client_tcp(args, &cfg, server.addr, &mut out);
+                let result = run_client_tcp(args, &cfg, server.addr, out);
                 server.finish(result.is_ok())?;
                 result?;
             }
         },
     }
-    out.finish(args)
+    Ok(())
 }
 
 fn resolve(addr: &str, port: u16) -> Result<SocketAddr, PerfError> {
@@ -793,7 +834,7 @@ pub(crate) struct Output {
     pub(crate) unit: BwUnit,
     pub(crate) device: String,
     pub(crate) rows: Vec<serde_json::Value>,
-    pub(crate) sweep: Vec<(f64, f64)>,
+    pub(crate) sweep: Vec<sweep::Point>,
     backend: Backend,
     header_done: bool,
 }
@@ -832,6 +873,13 @@ impl Output {
             },
         );
         kv("Connection type", &"RC");
+        kv(
+            "Loss recovery",
+            &match cfg.recovery {
+                RecoveryArg::Ibta => "IBTA go-back-N",
+                RecoveryArg::Sr => "selective repeat (softverbs extension)",
+            },
+        );
         kv("Using SRQ", &"OFF");
         if cfg.test.is_bw() {
             kv("TX depth", &cfg.tx_depth);
@@ -923,6 +971,7 @@ impl Output {
                 "busy_poll": args.busy_poll,
                 "gso": !args.no_gso,
                 "rows": self.rows,
+                "sweep": args.sweep_loss.then(|| sweep::summary(&self.sweep)),
             });
             let text =
                 serde_json::to_string_pretty(&doc).map_err(|e| PerfError::run(e.to_string()))?;

@@ -1,46 +1,181 @@
-//! `--sweep-loss`: goodput of a bandwidth test versus the loss rate each side injects, as a
-//! table and an SVG line plot (written by hand: a few dozen elements need no plotting crate).
+//! `--sweep-loss`: goodput of a bandwidth test versus the loss rate each side injects, in both
+//! loss-recovery modes (IBTA go-back-N and softverbs' selective repeat), as a table (median of
+//! `--rounds` runs per point, with the spread) and one SVG line plot (written by hand: a few
+//! dozen elements need no plotting crate).
 
 use std::fmt::Write as _;
 
 use super::{Output, PerfArgs, PerfError, say};
+use crate::recovery::RecoveryArg;
 
-/// The loss rates of the sweep: 0, 0.1, 1, 5 and 10 %.
-pub(crate) const LOSS_RATES: [f64; 5] = [0.0, 0.001, 0.01, 0.05, 0.1];
+/// The loss rates of the sweep: 0, 0.1, 0.5, 1, 2, 5 and 10 %.
+pub(crate) const LOSS_RATES: [f64; 7] = [0.0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1];
 
-/// Prints goodput per loss rate (and its ratio to the lossless run), and writes the plot if
-/// `--svg` asked for one.
-pub(crate) fn print_and_plot(out: &Output, args: &PerfArgs) -> Result<(), PerfError> {
-    let lossless = out
-        .sweep
+/// One measured run of the sweep.
+#[derive(Clone, Debug)]
+pub(crate) struct Point {
+    pub(crate) recovery: RecoveryArg,
+    pub(crate) loss: f64,
+    pub(crate) bytes_per_sec: f64,
+    /// The client side's transport counters of the run (`verbs::transport_json`).
+    pub(crate) transport: serde_json::Value,
+}
+
+/// The runs of one (mode, loss) point, summarised.
+#[derive(Clone, Debug)]
+struct Summary {
+    recovery: RecoveryArg,
+    loss: f64,
+    rounds: usize,
+    median: f64,
+    min: f64,
+    max: f64,
+    /// Median over the rounds of each counter.
+    counters: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The counters summarised per point.
+const COUNTERS: [&str; 9] = [
+    "dropped_injected",
+    "retransmits",
+    "retransmits_sack",
+    "timeout_retries",
+    "seq_naks_sent",
+    "rcvd_seq_err",
+    "sacks_sent",
+    "sacks_rcvd",
+    "sr_probes",
+];
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Groups the runs by mode and loss rate, in the order they ran.
+fn summarise(points: &[Point]) -> Vec<Summary> {
+    let mut keys: Vec<(RecoveryArg, f64)> = Vec::new();
+    for p in points {
+        if !keys.contains(&(p.recovery, p.loss)) {
+            keys.push((p.recovery, p.loss));
+        }
+    }
+    keys.into_iter()
+        .map(|(recovery, loss)| {
+            let runs: Vec<&Point> = points
+                .iter()
+                .filter(|p| p.recovery == recovery && p.loss == loss)
+                .collect();
+            let mut bps: Vec<f64> = runs.iter().map(|p| p.bytes_per_sec).collect();
+            let counters = COUNTERS
+                .iter()
+                .map(|&name| {
+                    let mut v: Vec<f64> = runs
+                        .iter()
+                        .map(|p| p.transport[name].as_f64().unwrap_or(0.0))
+                        .collect();
+                    (name.to_owned(), median(&mut v).into())
+                })
+                .collect();
+            Summary {
+                recovery,
+                loss,
+                rounds: runs.len(),
+                min: bps.iter().copied().fold(f64::INFINITY, f64::min),
+                max: bps.iter().copied().fold(0.0, f64::max),
+                median: median(&mut bps),
+                counters,
+            }
+        })
+        .collect()
+}
+
+/// The lossless median of `recovery`'s runs.
+fn lossless(sums: &[Summary], recovery: RecoveryArg) -> f64 {
+    sums.iter()
+        .find(|s| s.recovery == recovery && s.loss == 0.0)
+        .map_or(0.0, |s| s.median)
+}
+
+/// The sweep for the JSON document: per mode and loss rate the median goodput, its spread,
+/// the ratio to the same mode's lossless median, and the median counters (with retransmitted
+/// packets per injected loss).
+pub(crate) fn summary(points: &[Point]) -> serde_json::Value {
+    let sums = summarise(points);
+    let rows: Vec<serde_json::Value> = sums
         .iter()
-        .find(|(l, _)| *l == 0.0)
-        .map_or(0.0, |p| p.1);
+        .map(|s| {
+            let base = lossless(&sums, s.recovery);
+            let dropped = s.counters["dropped_injected"].as_f64().unwrap_or(0.0);
+            let retx = s.counters["retransmits"].as_f64().unwrap_or(0.0);
+            serde_json::json!({
+                "recovery": s.recovery.name(),
+                "loss": s.loss,
+                "rounds": s.rounds,
+                "goodput_median_mib": mib(s.median),
+                "goodput_min_mib": mib(s.min),
+                "goodput_max_mib": mib(s.max),
+                "ratio_to_lossless": if base > 0.0 { s.median / base } else { 0.0 },
+                "retransmits_per_loss": if dropped > 0.0 { retx / dropped } else { 0.0 },
+                "counters": s.counters,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(rows)
+}
+
+fn mib(b: f64) -> f64 {
+    b / f64::from(1u32 << 20)
+}
+
+/// Prints goodput per mode and loss rate (median, spread, ratio to lossless, what recovery
+/// cost), and writes the plot if `--svg` asked for one.
+pub(crate) fn print_and_plot(out: &Output, args: &PerfArgs) -> Result<(), PerfError> {
+    let sums = summarise(&out.sweep);
     say!(" goodput versus loss (each side drops this fraction of the datagrams it sends)");
-    say!(" loss[%]    goodput[MiB/sec]    ratio to lossless");
-    for &(loss, bps) in &out.sweep {
-        let ratio = if lossless > 0.0 { bps / lossless } else { 0.0 };
+    say!(
+        " mode  loss[%]  rounds  median[MiB/s]  min..max[MiB/s]     ratio to lossless  \
+         retx/loss  timeouts"
+    );
+    for s in &sums {
+        let base = lossless(&sums, s.recovery);
+        let dropped = s.counters["dropped_injected"].as_f64().unwrap_or(0.0);
+        let retx = s.counters["retransmits"].as_f64().unwrap_or(0.0);
+        let timeouts = s.counters["timeout_retries"].as_f64().unwrap_or(0.0);
         say!(
-            " {:<7.1}    {:<16.2}    {:.2}",
-            loss * 100.0,
-            bps / f64::from(1u32 << 20),
-            ratio
+            " {:<4}  {:<7.1}  {:<6}  {:<13.1}  {:<18}  {:<17.2}  {:<9}  {}",
+            s.recovery.name(),
+            s.loss * 100.0,
+            s.rounds,
+            mib(s.median),
+            format!("{:.1}..{:.1}", mib(s.min), mib(s.max)),
+            if base > 0.0 { s.median / base } else { 0.0 },
+            if dropped > 0.0 {
+                format!("{:.2}", retx / dropped)
+            } else {
+                "-".to_owned()
+            },
+            timeouts
         );
     }
     if let Some(path) = &args.svg {
-        std::fs::write(path, svg(&out.sweep))
+        std::fs::write(path, svg(&sums))
             .map_err(|e| PerfError::run(format!("writing {}: {e}", path.display())))?;
         say!(" plot written to {}", path.display());
     }
     Ok(())
 }
 
-/// A line plot of goodput (MiB/s) against loss (%).
-fn svg(points: &[(f64, f64)]) -> String {
+/// A line plot of median goodput (MiB/s) against loss (%), one line per mode, with each
+/// point's min..max as a bar.
+fn svg(sums: &[Summary]) -> String {
     let (w, h, left, right, top, bottom) = (640.0, 400.0, 70.0, 20.0, 30.0, 50.0);
-    let max_x = points.iter().map(|p| p.0 * 100.0).fold(1.0, f64::max);
-    let mib = |b: f64| b / f64::from(1u32 << 20);
-    let max_y = points.iter().map(|p| mib(p.1)).fold(1.0, f64::max) * 1.1;
+    let max_x = sums.iter().map(|p| p.loss * 100.0).fold(1.0, f64::max);
+    let max_y = sums.iter().map(|p| mib(p.max)).fold(1.0, f64::max) * 1.1;
     let x = |v: f64| left + v / max_x * (w - left - right);
     let y = |v: f64| h - bottom - v / max_y * (h - top - bottom);
     let mut s = String::new();
@@ -84,21 +219,44 @@ fn svg(points: &[(f64, f64)]) -> String {
         h / 2.0,
         h / 2.0
     );
-    let path: Vec<String> = points
-        .iter()
-        .map(|&(l, b)| format!("{:.1},{:.1}", x(l * 100.0), y(mib(b))))
-        .collect();
-    let _ = write!(
-        s,
-        r##"<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{}"/>"##,
-        path.join(" ")
-    );
-    for &(l, b) in points {
+    for (k, (mode, color, label)) in [
+        (RecoveryArg::Ibta, "#1f77b4", "IBTA go-back-N"),
+        (RecoveryArg::Sr, "#d62728", "selective repeat"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let pts: Vec<&Summary> = sums.iter().filter(|p| p.recovery == mode).collect();
+        if pts.is_empty() {
+            continue;
+        }
+        let path: Vec<String> = pts
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.loss * 100.0), y(mib(p.median))))
+            .collect();
         let _ = write!(
             s,
-            r##"<circle cx="{:.1}" cy="{:.1}" r="4" fill="#1f77b4"/>"##,
-            x(l * 100.0),
-            y(mib(b))
+            r##"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"##,
+            path.join(" ")
+        );
+        for p in &pts {
+            let cx = x(p.loss * 100.0);
+            let _ = write!(
+                s,
+                r##"<line x1="{cx:.1}" y1="{:.1}" x2="{cx:.1}" y2="{:.1}" stroke="{color}"/><circle cx="{cx:.1}" cy="{:.1}" r="4" fill="{color}"/>"##,
+                y(mib(p.min)),
+                y(mib(p.max)),
+                y(mib(p.median))
+            );
+        }
+        let ly = top + 16.0 * k as f64 + 10.0;
+        let lx = w - right - 170.0;
+        let _ = write!(
+            s,
+            r##"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="2"/><text x="{}" y="{}">{label}</text>"##,
+            lx + 24.0,
+            lx + 30.0,
+            ly + 4.0
         );
     }
     s.push_str("</svg>\n");

@@ -40,6 +40,9 @@ pub(crate) trait Backend: Context {
     fn set_busy(&self, on: bool);
     /// This side's device counters (retransmits, timeouts, NAKs), to explain a row.
     fn transport_stats(&self) -> Result<Stats, PerfError>;
+    /// Datagrams the loss injection dropped since the run's `set_loss` (UDP: those this side
+    /// sent; in-process: both directions).
+    fn dropped(&self) -> u64;
 }
 
 /// What the transport did during one run (the client side's counters, after − before): why a
@@ -50,6 +53,12 @@ fn transport_json(before: &Stats, after: &Stats) -> serde_json::Value {
         "sent_pkts": d(|s| s.sent_pkts),
         "retransmits_nak": d(|s| s.retransmits_nak),
         "retransmits_timeout": d(|s| s.retransmits_timeout),
+        "retransmits_sack": d(|s| s.retransmits_sack),
+        "retransmits": d(Stats::retransmits),
+        "seq_naks_sent": d(|s| s.seq_naks_sent),
+        "sacks_sent": d(|s| s.sacks_sent),
+        "sacks_rcvd": d(|s| s.sacks_rcvd),
+        "sr_probes": d(|s| s.sr_probes),
         "timeout_retries": d(|s| s.timeout_retries),
         "rcvd_seq_err": d(|s| s.rcvd_seq_err),
         "rcvd_rnr_err": d(|s| s.rcvd_rnr_err),
@@ -95,6 +104,10 @@ impl Backend for emu_udp::UdpContext {
     fn transport_stats(&self) -> Result<Stats, PerfError> {
         Ok(self.device_stats())
     }
+
+    fn dropped(&self) -> u64 {
+        self.fault_counters().map_or(0, |c| c.total().dropped)
+    }
 }
 
 impl Backend for emu_sim::SimContext {
@@ -110,6 +123,10 @@ impl Backend for emu_sim::SimContext {
 
     fn transport_stats(&self) -> Result<Stats, PerfError> {
         Ok(self.device_stats()?)
+    }
+
+    fn dropped(&self) -> u64 {
+        self.provider().fault_counters().total().dropped
     }
 }
 
@@ -189,6 +206,7 @@ fn setup<C: Backend>(ctl: &mut dyn Ctl, ctx: &C, cfg: &Config) -> Result<Side<C>
     let rc = RcConnectOptions {
         path_mtu: mtu(cfg.mtu),
         timeout: cfg.qp_timeout,
+        recovery: cfg.recovery.recovery(),
         ..RcConnectOptions::default()
     };
     for (qp, ((ep, _), (rep, _))) in qps.iter().zip(local.iter().zip(&remote_info)) {
@@ -357,6 +375,8 @@ pub(crate) fn client<C: Backend>(
     for (i, run) in cfg.runs.iter().enumerate() {
         prepare(ctl, ctx, &side, cfg, run, i)?;
         let before = ctx.transport_stats()?;
+        let mut dropped = 0;
+        let points_before = out.sweep.len();
         let mut row = if cfg.test.is_bw() {
             let cpu_start = cpu::process_seconds();
             let r = bw_client(&side, cfg, run.size)?;
@@ -369,6 +389,7 @@ pub(crate) fn client<C: Backend>(
                 super::Backend::Inproc => cpu::Use::of(bytes, mine, 0.0),
                 super::Backend::Udp => cpu::Use::of(bytes, mine, peer),
             };
+            dropped = ctx.dropped();
             ctx.set_loss(0.0, cfg.seed)?;
             let base = match udp.as_mut() {
                 Some(u) => Some(with_busy_off(ctx, cfg, || {
@@ -390,7 +411,15 @@ pub(crate) fn client<C: Backend>(
             let mode = udp.as_ref().map(baseline::Endpoint::ping_mode);
             lat_output(out, cfg, run, r, base, mode)
         };
-        let transport = transport_json(&before, &ctx.transport_stats()?);
+        let mut transport = transport_json(&before, &ctx.transport_stats()?);
+        if let Some(obj) = transport.as_object_mut() {
+            obj.insert("dropped_injected".into(), dropped.into());
+        }
+        if out.sweep.len() > points_before {
+            if let Some(p) = out.sweep.last_mut() {
+                p.transport = transport.clone();
+            }
+        }
         if run.loss > 0.0 {
             // stderr: stdout keeps perftest's table shape for scripts that parse it.
             eprintln!(
@@ -400,6 +429,7 @@ pub(crate) fn client<C: Backend>(
         }
         if let Some(obj) = row.as_object_mut() {
             obj.insert("transport".into(), transport);
+            obj.insert("recovery".into(), cfg.recovery.name().into());
         }
         out.rows.push(row);
     }
@@ -486,7 +516,12 @@ fn bw_output(
         out.line(&format!("   UDP baseline: {}", b.describe(out.unit)));
     }
     if cfg.runs.len() > 1 && cfg.runs.iter().any(|r| r.loss > 0.0) {
-        out.sweep.push((run.loss, r.bytes_per_sec()));
+        out.sweep.push(super::sweep::Point {
+            recovery: cfg.recovery,
+            loss: run.loss,
+            bytes_per_sec: r.bytes_per_sec(),
+            transport: serde_json::Value::Null,
+        });
     }
     serde_json::json!({
         "bytes": r.bytes,

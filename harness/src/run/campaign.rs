@@ -148,6 +148,10 @@ pub struct CampaignArgs {
     /// Runs to do.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub runs: u32,
+    /// Loss recovery of every run's RC QPs: IBTA go-back-N, or selective repeat (a softverbs
+    /// extension, on every node alike). The verifier judges either.
+    #[arg(long, value_enum, default_value_t = crate::recovery::RecoveryArg::Ibta)]
+    pub recovery: crate::recovery::RecoveryArg,
     /// Campaign seed: every run's seed, workload and fault plan derive from it (the same seed
     /// gives the same plans); default: drawn from the clock and printed.
     #[arg(long)]
@@ -293,6 +297,8 @@ pub struct CampaignReport {
     pub seed: u64,
     /// Runs asked for.
     pub runs: u32,
+    /// Loss recovery of every run's RC QPs (`ibta` or `sr`).
+    pub recovery: String,
     /// Nodes per run.
     pub nodes: u32,
     /// RC QPs per pair of peers in every run (`--qps-per-peer`).
@@ -462,10 +468,12 @@ fn setup_jobs(args: &CampaignArgs, seed: u64, mut base: RunArgs) -> Result<Setup
     let horizon = base.duration.unwrap_or(OPS_HORIZON);
     // A run that hangs is stopped well before the default minute.
     base.timeout = Some(horizon + Duration::from_secs(30));
+    base.recovery = args.recovery;
     let qp = QpParams {
         timeout: base.qp_timeout,
         retry_cnt: base.retry_cnt,
         rnr_retry: base.rnr_retry,
+        recovery: base.recovery,
     };
     let params = DrawParams {
         nodes: args.nodes,
@@ -509,7 +517,7 @@ fn setup_jobs(args: &CampaignArgs, seed: u64, mut base: RunArgs) -> Result<Setup
 fn campaign_id(args: &CampaignArgs, seed: u64, base: &RunArgs, jobs: &[Job]) -> String {
     let mut text = format!(
         "seed={seed};runs={};nodes={};qps_per_peer={};workload={};ops={:?};duration_ms={:?};\
-         qp_timeout={};retry_cnt={};rnr_retry={}",
+         qp_timeout={};retry_cnt={};rnr_retry={};recovery={}",
         args.runs,
         args.nodes,
         base.qps_per_peer,
@@ -519,6 +527,7 @@ fn campaign_id(args: &CampaignArgs, seed: u64, base: &RunArgs, jobs: &[Job]) -> 
         base.qp_timeout,
         base.retry_cnt,
         base.rnr_retry,
+        base.recovery.name(),
     );
     for j in jobs {
         let _ = write!(
@@ -568,6 +577,11 @@ fn write_plans(setup: &Setup, args: &CampaignArgs) -> Result<(), String> {
             )
         } else {
             header
+        };
+        let header = if args.recovery == crate::recovery::RecoveryArg::Ibta {
+            header
+        } else {
+            format!("{header} --recovery {}", args.recovery.name())
         };
         std::fs::write(&job.plan_file, job.plan.to_toml(&header))
             .map_err(|e| format!("cannot write {}: {e}", job.plan_file.display()))?;
@@ -691,6 +705,7 @@ pub fn campaign(args: &CampaignArgs) -> u8 {
         shard: args.shard,
         seed: setup.seed,
         runs: args.runs,
+        recovery: args.recovery.name().to_owned(),
         nodes: args.nodes,
         qps_per_peer: args.qps_per_peer,
         workload: args.workload.name().to_owned(),
@@ -803,8 +818,13 @@ fn replay(args: &RunArgs, job: &Job) -> String {
     } else {
         String::new()
     };
+    let recovery = if args.recovery == crate::recovery::RecoveryArg::Ibta {
+        String::new()
+    } else {
+        format!(" --recovery {}", args.recovery.name())
+    };
     format!(
-        "softverbs run --nodes {}{qps} --workload {} --seed {} --faults {}{bound}",
+        "softverbs run --nodes {}{qps} --workload {} --seed {} --faults {}{bound}{recovery}",
         args.nodes,
         job.workload.name(),
         job.seed,
@@ -848,7 +868,7 @@ fn fill_row(row: &mut RunRow, r: &Report) {
             *row.completions.entry(k.clone()).or_insert(0) += v;
         }
         if let Some(s) = &n.stats {
-            row.retransmits += s.retransmits_timeout + s.retransmits_nak;
+            row.retransmits += s.retransmits_timeout + s.retransmits_nak + s.retransmits_sack;
         }
         if let Some(f) = n.injected {
             row.dropped += f.dropped + f.partitioned;

@@ -407,6 +407,7 @@ mod tests {
                 timeout: 14,
                 retry_cnt: 7,
                 rnr_retry: 7,
+                recovery: crate::recovery::RecoveryArg::Ibta,
             },
         }
     }

@@ -110,6 +110,10 @@ pub struct RunArgs {
     /// RNR retry count of every QP (0–7; 7 = infinite).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
     pub rnr_retry: u8,
+    /// Loss recovery of every RC QP: IBTA go-back-N, or selective repeat (a softverbs
+    /// extension; every node enables it, so no QP ever talks to a peer that does not).
+    #[arg(long, value_enum, default_value_t = crate::recovery::RecoveryArg::Ibta)]
+    pub recovery: crate::recovery::RecoveryArg,
     /// Time allowed on top of the retry budget: for dead-peer detection and for draining.
     #[arg(long, default_value = "500ms", value_parser = duration_arg)]
     pub slack: Duration,

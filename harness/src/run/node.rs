@@ -301,6 +301,7 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         timeout: cfg.qp.timeout,
         retry_cnt: cfg.qp.retry_cnt,
         rnr_retry: cfg.qp.rnr_retry,
+        recovery: cfg.qp.recovery.recovery(),
         ..RcConnectOptions::default()
     };
     let mut links = Vec::with_capacity(raw.len());

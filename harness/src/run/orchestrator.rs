@@ -308,6 +308,7 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
             timeout: args.qp_timeout,
             retry_cnt: args.retry_cnt,
             rnr_retry: args.rnr_retry,
+            recovery: args.recovery,
         },
         slack: args.slack,
         timeout,
@@ -1147,6 +1148,9 @@ impl Orchestrator {
         if c.qp.rnr_retry != 7 {
             cmd += &format!(" --rnr-retry {}", c.qp.rnr_retry);
         }
+        if c.qp.recovery != crate::recovery::RecoveryArg::Ibta {
+            cmd += &format!(" --recovery {}", c.qp.recovery.name());
+        }
         if c.slack != Duration::from_millis(500) {
             cmd += &format!(" --slack {}", format_duration(c.slack));
         }
@@ -1260,6 +1264,7 @@ impl Orchestrator {
                 timeout: c.qp.timeout,
                 retry_cnt: c.qp.retry_cnt,
                 rnr_retry: c.qp.rnr_retry,
+                recovery: c.qp.recovery.name().to_owned(),
                 ack_timeout_ms: c.qp.ack_timeout().as_secs_f64() * 1000.0,
                 retry_budget_ms: budget.as_secs_f64() * 1000.0,
                 detect_bound_ms: (budget + c.slack).as_millis() as u64,

@@ -809,6 +809,7 @@ expect_errors = true
             timeout: 14,
             retry_cnt,
             rnr_retry: 7,
+            recovery: crate::recovery::RecoveryArg::Ibta,
         };
         let plan = |p: f64| FaultPlan::new(1).rule(emu_fault::drop(p));
         assert!(!retry_exhaustion_plausible(&plan(0.1), &qp(7)));
@@ -826,6 +827,7 @@ expect_errors = true
             timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
+            recovery: crate::recovery::RecoveryArg::Ibta,
         };
         let t = qp.ack_timeout().as_nanos() as u64;
         let at = emu_proto::Instant::from_nanos;

@@ -41,6 +41,10 @@ pub struct QpParams {
     pub retry_cnt: u8,
     /// RNR retries (7 = infinite).
     pub rnr_retry: u8,
+    /// Loss recovery of every RC QP (`--recovery`; selective repeat is a softverbs extension
+    /// every node enables alike).
+    #[serde(default)]
+    pub recovery: crate::recovery::RecoveryArg,
 }
 
 impl QpParams {
@@ -212,6 +216,12 @@ pub struct TransportStats {
     pub retransmits_timeout: u64,
     /// Packets sent again after a NAK.
     pub retransmits_nak: u64,
+    /// Packets sent again after a selective ACK or probe (selective repeat only).
+    #[serde(default)]
+    pub retransmits_sack: u64,
+    /// Selective ACKs sent (selective repeat only).
+    #[serde(default)]
+    pub sacks_sent: u64,
     /// Duplicate requests received.
     pub duplicate_request: u64,
     /// Sequence NAKs sent.
@@ -242,6 +252,8 @@ impl TransportStats {
             rcvd_pkts: s.rcvd_pkts,
             retransmits_timeout: s.retransmits_timeout,
             retransmits_nak: s.retransmits_nak,
+            retransmits_sack: s.retransmits_sack,
+            sacks_sent: s.sacks_sent,
             duplicate_request: s.duplicate_request,
             seq_naks_sent: s.seq_naks_sent,
             rcvd_seq_err: s.rcvd_seq_err,

@@ -90,6 +90,8 @@ pub struct QpInfo {
     pub retry_cnt: u8,
     /// RNR retry count.
     pub rnr_retry: u8,
+    /// Loss recovery: `ibta` or `sr` (selective repeat).
+    pub recovery: String,
     /// 4.096 µs × 2^timeout, ms.
     pub ack_timeout_ms: f64,
     /// (retry_cnt + 1) × ACK timeout, ms.
@@ -225,7 +227,9 @@ pub fn render(r: &Report) -> String {
             n.ops_ok,
             errors,
             n.bytes.map_or_else(dash, human_bytes),
-            st.map_or_else(dash, |t| (t.retransmits_timeout + t.retransmits_nak)
+            st.map_or_else(dash, |t| (t.retransmits_timeout
+                + t.retransmits_nak
+                + t.retransmits_sack)
                 .to_string()),
             st.map_or_else(dash, |t| t.rcvd_seq_err.to_string()),
             st.map_or_else(dash, |t| t.rcvd_rnr_err.to_string()),

@@ -21,7 +21,7 @@ use verbs_api::{
     AccessFlags, AddressHandle, AhAttr, AsyncEvent, CompletionChannel, CompletionQueue, Context,
     Device, DeviceAttr, Endpoint, Error, ErrorKind, Gid, MAX_24BIT, MemoryRegion, MemoryWindow,
     MwBind, MwType, PortAttr, PostError, ProtectionDomain, Provider, QpAttr, QpAttrMask,
-    QpInitAttr, QpState, QpType, QueuePair, ROCE_V2_UDP_PORT, RecvWr, Result, SendWr,
+    QpInitAttr, QpState, QpType, QueuePair, ROCE_V2_UDP_PORT, Recovery, RecvWr, Result, SendWr,
     SharedReceiveQueue, SrqAttr, WorkCompletion,
 };
 
@@ -1308,6 +1308,21 @@ fn check_values(attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
     Ok(())
 }
 
+/// The softverbs `RECOVERY` extension (not a libibverbs bit): hardware does IBTA loss recovery
+/// only, so selective repeat is refused in every mode and the bit never reaches libibverbs.
+fn recovery_mask(attr: &QpAttr, mask: QpAttrMask) -> Result<QpAttrMask> {
+    if !mask.contains(QpAttrMask::RECOVERY) {
+        return Ok(mask);
+    }
+    if attr.recovery != Recovery::Ibta {
+        return Err(Error::unsupported(
+            "selective repeat (QpAttr::recovery) is a softverbs extension; RDMA hardware \
+             recovers by IBTA go-back-N only",
+        ));
+    }
+    Ok(mask - QpAttrMask::RECOVERY)
+}
+
 /// The contract checks of `modify` (off in raw mode): defined mask bits, value ranges, device
 /// limits.
 fn check_modify(ctx: &CtxInner, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
@@ -1347,6 +1362,7 @@ impl QueuePair for HwQp {
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let guard = read(&self.0.raw);
         let qp = guard.as_ref().ok_or_else(|| destroyed("QP"))?;
+        let mask = recovery_mask(attr, mask)?;
         if self.0.ctx.contract {
             check_modify(&self.0.ctx, attr, mask)?;
         }
@@ -1471,6 +1487,22 @@ impl QueuePair for HwQp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selective_repeat_is_refused_and_the_bit_never_reaches_libibverbs() {
+        let mut a = QpAttr::default();
+        let m = QpAttrMask::STATE | QpAttrMask::RECOVERY;
+        assert_eq!(recovery_mask(&a, m).ok(), Some(QpAttrMask::STATE));
+        a.recovery = Recovery::SelectiveRepeat;
+        assert_eq!(
+            recovery_mask(&a, m).map_err(|e| e.kind),
+            Err(ErrorKind::NotSupported)
+        );
+        assert_eq!(
+            recovery_mask(&a, QpAttrMask::STATE).ok(),
+            Some(QpAttrMask::STATE)
+        );
+    }
 
     #[test]
     fn value_checks_follow_the_mask() {

@@ -14,7 +14,7 @@ use crate::memory::MemoryFault;
 use crate::qp::{Qp, SendWqe};
 use crate::stats::RxDropCause;
 use crate::time::Instant;
-use crate::wire::{NakCode, Opcode, PacketRepr, Position, Psn, Syndrome};
+use crate::wire::{NakCode, Opcode, PacketRepr, Position, Psn, SackPacketRepr, Syndrome};
 
 /// What the completer asks of the HCA after handling a response.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -99,6 +99,27 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'
     verdict
 }
 
+/// A selective ACK (selective repeat only): its PSN is the first one the responder misses,
+/// so it acknowledges every PSN before it (as a sequence NAK's implied ACK does, §2.9), and its
+/// bitmap names what arrived after; what is still missing is resent alone.
+pub(crate) fn handle_sack(qp: &mut Qp, ctx: &mut Ctx<'_>, sack: &SackPacketRepr) -> Disposition {
+    let psn = sack.bth.psn;
+    let rc = &mut qp.rc;
+    // The PSN before it must be one we sent and have not seen acknowledged (§2.10).
+    if psn.is_before(rc.comp_psn) || psn.is_after(rc.sent_high) {
+        rc.stats.count_drop(RxDropCause::StaleResponse);
+        return Disposition::Done;
+    }
+    rc.stats.rcvd_pkts += 1;
+    super::sr::note_sack(rc, psn, sack.sack.bitmap);
+    ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
+    if qp.rc.comp_psn.is_after(qp.rc.req_psn) {
+        rewind(qp);
+    }
+    super::sr::queue_holes(&mut qp.rc, false);
+    complete_head_errors(qp, ctx)
+}
+
 /// An ACK (explicit or implied) for every PSN up to and including `psn`: retires SEND and WRITE
 /// WQEs whose last PSN it covers. An ACK past an unanswered READ/atomic means its responses were
 /// lost: retry (§2.8).
@@ -150,6 +171,9 @@ fn progress(qp: &mut Qp, ctx: &mut Ctx<'_>, comp: Psn) {
         return;
     }
     rc.comp_psn = comp;
+    if qp.attr.recovery == verbs_api::Recovery::SelectiveRepeat {
+        super::sr::progress(rc, ctx.now);
+    }
     if let Some((_, sent)) = rc.rtt_probe.filter(|(probe, _)| probe.is_before(comp)) {
         let sample = ctx.now.saturating_duration_since(sent);
         rc.srtt = Some(rc.srtt.map_or(sample, |s| (s * 7 + sample) / 8));
@@ -238,6 +262,7 @@ pub(crate) fn wc_opcode(wqe: &SendWqe) -> WcOpcode {
 /// Go-back-N: resend from `comp_psn`, resuming the head WQE at its first unacknowledged packet
 /// and every later started WQE from scratch with its original PSNs (§3.8).
 pub(crate) fn rewind(qp: &mut Qp) {
+    super::sr::rewound(&mut qp.rc);
     let comp = qp.rc.comp_psn;
     qp.rc.req_psn = comp;
     qp.rc.req_index = 0;
@@ -413,6 +438,7 @@ pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
         qp.rc.retransmit_at = None;
         qp.rc.rnr_at = None;
         qp.rc.nak_deferred = None;
+        qp.rc.sr.probe_at = None;
         return Disposition::Done;
     }
     if qp.rc.rnr_at.is_some_and(|t| t <= ctx.now) {
@@ -424,6 +450,14 @@ pub(crate) fn handle_timeout(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
         let d = deferred_nak(qp, ctx);
         if d != Disposition::Done {
             return d;
+        }
+    }
+    if qp.rc.sr.probe_at.is_some_and(|t| t <= ctx.now) {
+        if qp.rc.rnr_at.is_some() {
+            // The RNR wait ends with a resend from the oldest unacknowledged PSN anyway.
+            qp.rc.sr.probe_at = None;
+        } else {
+            super::sr::probe(&mut qp.rc, ctx.now);
         }
     }
     if qp.rc.retransmit_at.is_some_and(|t| t <= ctx.now) {

@@ -16,6 +16,7 @@
 pub(crate) mod completer;
 pub(crate) mod requester;
 pub(crate) mod responder;
+pub(crate) mod sr;
 pub(crate) mod tx;
 
 use std::collections::VecDeque;
@@ -172,6 +173,8 @@ pub(crate) struct RcState {
     /// to ERR once the NAK is out.
     pub(crate) resp_fatal: bool,
     pub(crate) responses: VecDeque<Response>,
+    // ---- selective repeat (softverbs extension; untouched in IBTA mode) ----
+    pub(crate) sr: sr::SrState,
     // ---- bookkeeping ----
     pub(crate) stats: Stats,
     /// The deadline registered in the HCA's timer index.
@@ -187,6 +190,7 @@ impl RcState {
             self.retransmit_at,
             self.rnr_at,
             self.nak_deferred.map(|(_, t)| t),
+            self.sr.probe_at,
         ]
         .into_iter()
         .flatten()
@@ -242,6 +246,9 @@ pub(crate) enum Response {
     Nak { psn: Psn, code: NakCode },
     /// RNR NAK for `psn` carrying our `min_rnr_timer`.
     RnrNak { psn: Psn },
+    /// Selective ACK (selective repeat only) whose BTH PSN is `psn`, the ePSN when queued; its
+    /// bitmap is taken when it is built (`sr::bitmap`).
+    Sack { psn: Psn },
     /// ATOMIC ACKNOWLEDGE for `psn` with the original value.
     AtomicAck { psn: Psn, orig: u64 },
     /// READ responses `first_psn + sent ..` of a read of `len` bytes at `va`.

@@ -15,7 +15,7 @@ use super::{Ctx, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, ack_timeout, packets};
 use crate::memory::MemoryFault;
 use crate::qp::Qp;
 use crate::wire::{
-    AtomicEthRepr, BthRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Position, RethRepr,
+    AtomicEthRepr, BthRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Position, Psn, RethRepr,
 };
 
 /// Builds the next request packet of `qp` into `buf` and returns its length, or `None` when
@@ -29,6 +29,12 @@ pub(crate) fn next_packet(
     let state = qp.state();
     if !matches!(state, QpState::Rts | QpState::Sqd) || qp.rc.rnr_at.is_some() {
         return None;
+    }
+    let sr = super::sr::enabled(qp);
+    if sr {
+        if let Some(len) = resend(qp, ctx, src, buf) {
+            return Some(len);
+        }
     }
     loop {
         let idx = qp.rc.req_index;
@@ -55,8 +61,11 @@ pub(crate) fn next_packet(
             qp.rc.req_index += 1;
             continue;
         }
+        if sr && skip_sacked(qp, idx) {
+            continue;
+        }
         let uc = qp.qp_type == QpType::Uc;
-        if !uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS {
+        if !uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= window(qp) {
             return None;
         }
         return match build(qp, ctx, idx, src, buf) {
@@ -83,6 +92,92 @@ pub(crate) fn next_packet(
     }
 }
 
+/// Un-ACKed PSNs allowed: [`MAX_UNACKED_PSNS`] in IBTA mode, [`super::sr::WINDOW`] with
+/// selective repeat (a loss there holds back only the PSN lost, not the window behind it).
+fn window(qp: &Qp) -> i32 {
+    if super::sr::enabled(qp) {
+        super::sr::WINDOW
+    } else {
+        MAX_UNACKED_PSNS
+    }
+}
+
+/// Selective repeat, after a go-back-N rewind: steps over the next packet of WQE `idx` if the
+/// responder reported it received (a SEND/WRITE packet; READ and atomic requests always go).
+fn skip_sacked(qp: &mut Qp, idx: usize) -> bool {
+    let Some(w) = qp.sq.get_mut(idx) else {
+        return false;
+    };
+    let psn = w.tx.first_psn.wrapping_add(w.tx.next_pkt);
+    let rc = &mut qp.rc;
+    // The oldest unacknowledged PSN always goes: the responder dropped it if it was held
+    // when it refused it (an RNR NAK), and cannot hold what its ePSN names otherwise.
+    if w.op.is_read_or_atomic()
+        || psn == rc.comp_psn
+        || !psn.is_before(rc.sent_high)
+        || !super::sr::is_sacked(rc, psn)
+    {
+        return false;
+    }
+    w.tx.next_pkt += 1;
+    let end = w.tx.first_psn.wrapping_add(w.tx.next_pkt);
+    if end.is_after(rc.req_psn) || w.tx.next_pkt == w.tx.npkts {
+        rc.req_psn = end;
+    }
+    true
+}
+
+/// Selective repeat: builds the next queued resend, a packet the responder reported missing,
+/// without moving the requester's cursor. `None` when there is none.
+fn resend(qp: &mut Qp, ctx: &mut Ctx<'_>, src: SocketAddr, buf: &mut [u8]) -> Option<usize> {
+    while let Some(psn) = qp.rc.sr.resend.pop_front() {
+        let rc = &qp.rc;
+        if psn.is_before(rc.comp_psn) || !psn.is_before(rc.sent_high) {
+            continue;
+        }
+        if psn != rc.comp_psn && super::sr::is_sacked(rc, psn) {
+            continue;
+        }
+        let Some((idx, i)) = locate(qp, psn) else {
+            continue;
+        };
+        let (saved_next, saved_req) = (qp.sq.get(idx)?.tx.next_pkt, qp.rc.req_psn);
+        if let Some(w) = qp.sq.get_mut(idx) {
+            w.tx.next_pkt = i;
+        }
+        qp.rc.sr.resending = true;
+        let built = build(qp, ctx, idx, src, buf);
+        qp.rc.sr.resending = false;
+        if let Some(w) = qp.sq.get_mut(idx) {
+            w.tx.next_pkt = saved_next;
+        }
+        qp.rc.req_psn = saved_req;
+        if let Ok(len) = built {
+            return Some(len);
+        }
+    }
+    None
+}
+
+/// The started remote WQE whose PSNs include `psn`, and the packet index to send for it (a
+/// READ resumes at `psn`, an atomic is resent whole).
+fn locate(qp: &Qp, psn: Psn) -> Option<(usize, u32)> {
+    qp.sq.iter().enumerate().find_map(|(idx, w)| {
+        let t = w.tx;
+        let inside = t.started
+            && t.error.is_none()
+            && !w.op.is_local()
+            && !psn.is_before(t.first_psn)
+            && !psn.is_after(t.last_psn());
+        let i = if w.op.is_atomic() {
+            0
+        } else {
+            u32::try_from(psn.diff(t.first_psn)).ok()?
+        };
+        inside.then_some((idx, i))
+    })
+}
+
 /// Starts WQE `idx`: fence and `max_rd_atomic` checks, local SGE validation, PSN assignment.
 /// Returns false if it must wait. A WQE that fails validation is marked with its error status.
 fn start(qp: &mut Qp, ctx: &Ctx<'_>, idx: usize) -> bool {
@@ -100,7 +195,7 @@ fn start(qp: &mut Qp, ctx: &Ctx<'_>, idx: usize) -> bool {
     {
         return false;
     }
-    if qp.qp_type != QpType::Uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS {
+    if qp.qp_type != QpType::Uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= window(qp) {
         return false;
     }
     let mtu = qp.attr.path_mtu.bytes();
@@ -273,6 +368,7 @@ fn build(
     let uc = qp.qp_type == QpType::Uc;
     let transport = if uc { crate::uc::TRANSPORT } else { 0 };
     let t = wqe.tx;
+    let rd = wqe.op.is_read_or_atomic();
     let i = t.next_pkt;
     let psn = t.first_psn.wrapping_add(i);
     let ip = tx::ip_context(src.ip(), qp.peer_ip, src.port(), qp.attr.ah_attr.udp_dport)?;
@@ -415,8 +511,16 @@ fn build(
     if !retransmit && ack_req && rc.rtt_probe.is_none() {
         rc.rtt_probe = Some((psn, ctx.now));
     }
+    if super::sr::enabled(qp) {
+        // A READ or atomic is one unit at its first PSN.
+        let unit = if rd { t.first_psn } else { psn };
+        super::sr::sent(&mut qp.rc, unit, ctx.now);
+    }
+    let rc = &mut qp.rc;
     if retransmit {
-        if rc.retry_by_timeout {
+        if rc.sr.resending {
+            rc.stats.retransmits_sack += 1;
+        } else if rc.retry_by_timeout {
             rc.stats.retransmits_timeout += 1;
         } else {
             rc.stats.retransmits_nak += 1;

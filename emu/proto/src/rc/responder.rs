@@ -18,8 +18,8 @@ use crate::memory::AtomicOp;
 use crate::qp::{Qp, RecvWqe};
 use crate::stats::RxDropCause;
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, Position, Psn, RnrTimer,
-    Syndrome,
+    AethRepr, AtomicAckEthRepr, BthRepr, IpContext, NakCode, Opcode, PacketRepr, Position, Psn,
+    RnrTimer, SACK_OPCODE, SackPacketRepr, SackRepr, Syndrome, fill_icrc,
 };
 
 /// How many responses a QP may have queued; beyond it, new requests are dropped (the requester
@@ -65,6 +65,13 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_
     // check_psn (§2.6)
     let psn = pkt.bth.psn;
     let d = psn.diff(qp.rc.epsn);
+    if d > 0 && super::sr::enabled(qp) {
+        if super::sr::hold(qp, pkt, d) {
+            return Disposition::Accepted;
+        }
+        qp.rc.stats.count_drop(RxDropCause::OutOfSequence);
+        return Disposition::Dropped;
+    }
     if d > 0 {
         qp.rc.stats.count_drop(RxDropCause::OutOfSequence);
         if seq_nak_due(&mut qp.rc, psn) {
@@ -85,6 +92,36 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_
         }
         return answered;
     }
+    let d = in_order(qp, ctx, pkt);
+    if d == Disposition::Accepted && super::sr::enabled(qp) {
+        return drain_held(qp, ctx);
+    }
+    d
+}
+
+/// Selective repeat: executes the held requests the gap's end made in order, in PSN order,
+/// until one is missing or fails; then acknowledges selectively.
+fn drain_held(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
+    let mut drained = false;
+    while let Some(held) = super::sr::take_next_held(&mut qp.rc) {
+        drained = true;
+        match in_order(qp, ctx, &held.repr()) {
+            Disposition::Accepted => {}
+            Disposition::Fatal => return Disposition::Fatal,
+            Disposition::Dropped | Disposition::NotReady => break,
+        }
+    }
+    // What is still held, or what was executed without an ACK of its own, is reported.
+    let acked = matches!(qp.rc.responses.back(), Some(Response::Ack { .. }));
+    if drained && (!qp.rc.sr.held.is_empty() || !acked) {
+        super::sr::queue_sack(&mut qp.rc);
+    }
+    Disposition::Accepted
+}
+
+/// The stages for the request at ePSN; a rejected one queues its NAK.
+fn in_order(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Disposition {
+    let psn = pkt.bth.psn;
     match execute_in_order(qp, ctx, pkt) {
         Ok(d) => d,
         Err(r) => {
@@ -611,6 +648,11 @@ fn atomic(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Result<Dispos
 fn duplicate(qp: &mut Qp, pkt: &PacketRepr<'_>) -> Disposition {
     let psn = pkt.bth.psn;
     let op = pkt.bth.opcode;
+    if (op.is_send() || op.is_write()) && super::sr::enabled(qp) {
+        // Selective repeat: answer with everything we have (the requester may have lost it).
+        super::sr::queue_sack(&mut qp.rc);
+        return Disposition::Accepted;
+    }
     let rc = &mut qp.rc;
     if op.is_send() || op.is_write() {
         // Re-ACK with the last acknowledged request PSN, not the duplicate's own (C9-105) and
@@ -675,7 +717,10 @@ pub(crate) fn next_packet(
 ) -> Option<(usize, PacketClass)> {
     let resp = *qp.rc.responses.front()?;
     let class = match resp {
-        Response::Ack { .. } | Response::Nak { .. } | Response::RnrNak { .. } => PacketClass::Ack,
+        Response::Ack { .. }
+        | Response::Nak { .. }
+        | Response::RnrNak { .. }
+        | Response::Sack { .. } => PacketClass::Ack,
         Response::AtomicAck { .. } | Response::Read { .. } => PacketClass::Response,
     };
     let ip = tx::ip_context(src.ip(), qp.peer_ip, src.port(), qp.attr.ah_attr.udp_dport).ok()?;
@@ -716,6 +761,17 @@ pub(crate) fn next_packet(
                 ..PacketRepr::new(bth(Opcode::Acknowledge, psn), &[])
             };
             tx::emit(&hdrs, 0, &ip, buf, |_| Ok(())).map(|l| (l, true))
+        }
+        Response::Sack { psn } => {
+            qp.rc.stats.sacks_sent += 1;
+            let repr = SackPacketRepr {
+                bth: bth(Opcode::from(SACK_OPCODE), psn),
+                sack: SackRepr {
+                    msn,
+                    bitmap: super::sr::bitmap(&qp.rc, psn),
+                },
+            };
+            emit_sack(&repr, &ip, buf).map(|l| (l, true))
         }
         Response::AtomicAck { psn, orig } => {
             let hdrs = PacketRepr {
@@ -812,4 +868,12 @@ pub(crate) fn next_packet(
             None
         }
     }
+}
+
+/// Writes a selective ACK and its ICRC into `buf`.
+fn emit_sack(repr: &SackPacketRepr, ip: &IpContext, buf: &mut [u8]) -> Result<usize, TxError> {
+    let len = repr.emit(buf)?;
+    let out = buf.get_mut(..len).ok_or(TxError::Memory)?;
+    fill_icrc(ip, out)?;
+    Ok(len)
 }

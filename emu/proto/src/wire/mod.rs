@@ -12,7 +12,9 @@
 //! * [`Packet`] / [`PacketRepr`] handle a whole UDP payload: BTH, the extension headers the
 //!   opcode table ([`Opcode::ext_headers`]) prescribes, payload (borrowed, zero-copy), pad and
 //!   ICRC ([`icrc`]);
-//! * [`Psn`] (24-bit serial arithmetic), [`Opcode`] and the AETH [`Syndrome`].
+//! * [`Psn`] (24-bit serial arithmetic), [`Opcode`] and the AETH [`Syndrome`];
+//! * the selective ACK of softverbs' selective-repeat extension ([`SackPacketRepr`], a
+//!   manufacturer-specific opcode only QPs that enabled it send or accept).
 //!
 //! Parsing is total: every byte string yields `Ok` or a [`WireError`]; nothing on a parse path
 //! panics, allocates or indexes unchecked.
@@ -35,6 +37,7 @@ mod opcode;
 mod packet;
 mod psn;
 mod reth;
+mod sack;
 
 pub use aeth::{Aeth, AethRepr, Credits, NakCode, RnrTimer, Syndrome};
 pub use atomic_ack_eth::{AtomicAckEth, AtomicAckEthRepr};
@@ -49,6 +52,9 @@ pub use opcode::{ALL_RC, ExtHeaders, Opcode, Position};
 pub use packet::{Packet, PacketRepr, pad_len};
 pub use psn::Psn;
 pub use reth::{Reth, RethRepr};
+pub use sack::{
+    SACK_ETH_LEN, SACK_OPCODE, SACK_PACKET_LEN, SACK_SPAN, SackEth, SackPacketRepr, SackRepr,
+};
 
 /// Base transport header length in bytes (rc-transport.md §1.2).
 pub const BTH_LEN: usize = 12;

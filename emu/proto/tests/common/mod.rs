@@ -20,15 +20,15 @@ use std::time::Duration;
 
 use emu_proto::wire::{
     AtomicEthRepr, BthRepr, IpAddrs, IpContext, Opcode, Packet, PacketRepr, Psn, RethRepr,
-    Syndrome, check_icrc, fill_icrc,
+    SACK_OPCODE, SackPacketRepr, Syndrome, check_icrc, fill_icrc,
 };
 use emu_proto::{
     AtomicOp, CqId, Hca, HcaConfig, Instant, MAX_PACKET_LEN, Memory, MemoryFault, MrInfo,
     PacketClass, PdId, Stats,
 };
 use verbs_api::{
-    AccessFlags, AhAttr, AsyncEvent, Gid, Mtu, QpAttr, QpCap, QpInitAttr, QpState, RecvWr, SendWr,
-    Sge, WorkCompletion, connect,
+    AccessFlags, AhAttr, AsyncEvent, Gid, Mtu, QpAttr, QpCap, QpInitAttr, QpState, Recovery,
+    RecvWr, SendWr, Sge, WorkCompletion, connect,
 };
 
 /// Address of node a.
@@ -129,6 +129,8 @@ pub(crate) struct Opts {
     pub(crate) recv_cq_depth: u32,
     /// `HcaConfig::foreign_ipv4_ident` of both nodes.
     pub(crate) foreign_ident: bool,
+    /// Loss recovery of both QPs (selective repeat is set at RESET → INIT).
+    pub(crate) recovery: Recovery,
 }
 
 impl Default for Opts {
@@ -155,6 +157,7 @@ impl Default for Opts {
             sq_sig_all: false,
             recv_cq_depth: 1024,
             foreign_ident: false,
+            recovery: Recovery::Ibta,
         }
     }
 }
@@ -355,10 +358,16 @@ fn connect_qp(node: &mut Node, peer_ip: Ipv4Addr, peer_qpn: u32, opts: &Opts, si
             udp_dport: PORT,
             ..AhAttr::default()
         },
+        recovery: opts.recovery,
         ..QpAttr::default()
     };
     let now = Instant::ZERO;
-    node.modify(now, &attr, connect::INIT_MASK).unwrap();
+    let init_mask = if opts.recovery == Recovery::Ibta {
+        connect::INIT_MASK
+    } else {
+        connect::INIT_MASK | verbs_api::QpAttrMask::RECOVERY
+    };
+    node.modify(now, &attr, init_mask).unwrap();
     node.modify(
         now,
         &QpAttr {
@@ -421,7 +430,15 @@ impl Pkt {
     }
 
     pub(crate) fn seen(&self) -> Seen {
+        if let Ok(s) = SackPacketRepr::parse(&self.bytes) {
+            return Seen::of_sack(self.dir, self.at, &s);
+        }
         Seen::of(self.dir, self.at, &self.repr())
+    }
+
+    /// The selective ACK this is, if it is one.
+    pub(crate) fn sack(&self) -> Option<SackPacketRepr> {
+        SackPacketRepr::parse(&self.bytes).ok()
     }
 
     /// Recomputes the ICRC after the test edited the bytes.
@@ -475,6 +492,8 @@ pub(crate) struct Seen {
     pub(crate) atomic: Option<AtomicEthRepr>,
     pub(crate) orig: Option<u64>,
     pub(crate) imm: Option<u32>,
+    /// A selective ACK's bitmap.
+    pub(crate) sack: Option<u128>,
 }
 
 impl Seen {
@@ -496,7 +515,35 @@ impl Seen {
             atomic: p.atomic_eth,
             orig: p.atomic_ack_eth.map(|a| a.orig_remote_data),
             imm: p.immdt.map(|i| i.imm),
+            sack: None,
         }
+    }
+
+    fn of_sack(dir: Dir, at: Instant, p: &SackPacketRepr) -> Seen {
+        Seen {
+            dir,
+            at,
+            op: p.bth.opcode,
+            psn: p.bth.psn.value(),
+            ack_req: p.bth.ack_req,
+            solicited: p.bth.solicited,
+            pkey: p.bth.pkey,
+            dest_qp: p.bth.dest_qp,
+            len: 0,
+            pad: p.bth.pad_count,
+            syndrome: None,
+            msn: Some(p.sack.msn),
+            reth: None,
+            atomic: None,
+            orig: None,
+            imm: None,
+            sack: Some(p.sack.bitmap),
+        }
+    }
+
+    /// Whether this is a selective ACK.
+    pub(crate) fn is_sack(&self) -> bool {
+        self.sack.is_some()
     }
 
     /// (opcode, PSN, payload length): the usual assertion triple.
@@ -518,6 +565,7 @@ impl Seen {
 pub(crate) fn class_of(op: Opcode) -> PacketClass {
     match op {
         Opcode::Acknowledge => PacketClass::Ack,
+        Opcode::Unknown(SACK_OPCODE) => PacketClass::Ack,
         op if op.is_response() => PacketClass::Response,
         _ => PacketClass::Request,
     }

@@ -41,6 +41,8 @@ struct ShardReport {
     nodes: u32,
     #[serde(default = "one")]
     qps_per_peer: u32,
+    #[serde(default = "ibta")]
+    recovery: String,
     workload: String,
     ops: Option<u64>,
     duration_ms: Option<u64>,
@@ -54,6 +56,16 @@ struct ShardReport {
 
 fn one() -> u32 {
     1
+}
+
+/// The `--recovery` a shard report names.
+fn recovery_choice(s: &str) -> Result<crate::recovery::RecoveryArg, String> {
+    <crate::recovery::RecoveryArg as clap::ValueEnum>::from_str(s, false)
+        .map_err(|_| format!("unknown recovery {s:?} in a shard report"))
+}
+
+fn ibta() -> String {
+    crate::recovery::RecoveryArg::Ibta.name().to_owned()
 }
 
 /// What merge reads of a run's row: how the run went (what was drawn is drawn again).
@@ -226,6 +238,7 @@ fn combine(paths: &[PathBuf], reports: &[ShardReport]) -> Result<Merged, String>
         seed: first.seed,
         runs: setup_args.runs,
         nodes: setup_args.nodes,
+        recovery: setup_args.recovery.name().to_owned(),
         qps_per_peer: setup_args.qps_per_peer,
         workload: first.workload.clone(),
         ops: first.ops,
@@ -305,6 +318,7 @@ fn redraw(r: &ShardReport) -> Result<(CampaignArgs, usize, Vec<super::Job>, Stri
         seed: Some(r.seed),
         nodes: r.nodes,
         qps_per_peer: r.qps_per_peer,
+        recovery: recovery_choice(&r.recovery)?,
         workload: workload_choice(&r.workload)?,
         ops: r.ops,
         duration: match r.ops {

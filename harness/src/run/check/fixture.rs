@@ -25,6 +25,7 @@ pub(super) const QP: QpParams = QpParams {
     timeout: 14,
     retry_cnt: 7,
     rnr_retry: 7,
+    recovery: crate::recovery::RecoveryArg::Ibta,
 };
 
 /// The fields of a send-queue completion, to build [`Entry::Send`] from.

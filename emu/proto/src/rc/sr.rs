@@ -1,0 +1,313 @@
+//! Selective repeat, softverbs' opt-in loss recovery for RC (rc-transport.md "softverbs
+//! extensions"; `QpAttr::recovery`). Both ends must enable it: it puts a manufacturer-specific
+//! selective ACK ([`crate::wire::SackPacketRepr`]) on the wire, which a standard peer never
+//! sees because a QP left at `Recovery::Ibta` never sends one and drops any it receives.
+//!
+//! * Responder: a request up to [`SACK_SPAN`] PSNs ahead of ePSN is *held* (a copy of the
+//!   packet) instead of drawing a sequence NAK, and answered with a selective ACK. When the
+//!   gap fills, held packets are executed in PSN order through the ordinary in-order stages,
+//!   so SENDs, WRITEs, READs and atomics take effect and complete in order and exactly once
+//!   (a reorder buffer: WRITE data is not placed before the packets ahead of it arrive).
+//! * Requester/completer: every transmission gets a sequence number; a selective ACK marks
+//!   what arrived, and a unit still missing when [`REORDER_THRESHOLD`] transmissions sent
+//!   after it have been delivered is resent, alone (not the window behind it). A probe timer
+//!   of a few round trips resends what is still missing when no selective ACK can tell (a lost
+//!   resend with nothing behind it, the stream's tail, a lost selective ACK); the local ACK
+//!   timeout stays the last resort and still spends `retry_cnt`.
+//!
+//! What it is not: IBTA behaviour. IBTA mode never reaches this module. READ responses are
+//! still accepted in order only (a gap in them is recovered by re-requesting the rest, as in
+//! IBTA mode, or by the probe).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use verbs_api::{QpType, Recovery};
+
+use super::{RcState, Response, packets};
+use crate::qp::Qp;
+use crate::time::Instant;
+use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN};
+
+/// A missing unit is resent once transmissions this many sequence numbers after its own have
+/// been delivered: reordering by fewer packets never causes a resend (issue 19 item 3).
+pub(crate) const REORDER_THRESHOLD: u64 = 16;
+
+/// The requester's window with selective repeat, in un-ACKed PSNs: everything in flight stays
+/// within one selective ACK's bitmap ([`SACK_SPAN`] PSNs after the responder's ePSN, which is
+/// never before the requester's oldest un-ACKed PSN).
+pub(crate) const WINDOW: i32 = 128;
+
+/// The shortest probe interval.
+const MIN_PROBE: Duration = Duration::from_micros(100);
+
+/// The probe interval doubles per probe without progress, at most this many times.
+const MAX_BACKOFF: u32 = 6;
+
+/// Selective-repeat state of one QP (both sides); empty in IBTA mode.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SrState {
+    // ---- responder ----
+    /// Requests received ahead of ePSN, by PSN.
+    pub(crate) held: BTreeMap<u32, Held>,
+    // ---- requester ----
+    /// Units in flight by PSN (a READ or atomic is one unit at its first PSN).
+    pub(crate) units: BTreeMap<u32, Unit>,
+    /// Sequence number of the latest transmission.
+    pub(crate) seq: u64,
+    /// The highest sequence number known delivered.
+    pub(crate) delivered: u64,
+    /// Units to resend, in order.
+    pub(crate) resend: VecDeque<Psn>,
+    /// The requester is building a resend (counted as `retransmits_sack`).
+    pub(crate) resending: bool,
+    /// When the probe fires.
+    pub(crate) probe_at: Option<Instant>,
+    /// Probes since the last progress.
+    pub(crate) backoff: u32,
+}
+
+/// A request held by the responder until the PSNs before it arrive.
+#[derive(Clone, Debug)]
+pub(crate) struct Held {
+    /// The headers (payload empty).
+    pub(crate) hdrs: PacketRepr<'static>,
+    pub(crate) payload: Vec<u8>,
+    /// PSNs it covers: a READ request's response packets, else 1.
+    pub(crate) span: u32,
+}
+
+impl Held {
+    /// The packet again.
+    pub(crate) fn repr(&self) -> PacketRepr<'_> {
+        PacketRepr {
+            payload: &self.payload,
+            ..self.hdrs
+        }
+    }
+}
+
+/// What the requester knows of one unit in flight.
+#[derive(Copy, Clone, Debug, Default)]
+pub(crate) struct Unit {
+    /// Sequence number of its latest transmission.
+    pub(crate) seq: u64,
+    /// A selective ACK reported it received.
+    pub(crate) sacked: bool,
+    /// Waiting in the resend queue.
+    pub(crate) queued: bool,
+}
+
+/// Whether `qp` runs selective repeat.
+pub(crate) fn enabled(qp: &Qp) -> bool {
+    qp.qp_type == QpType::Rc && qp.attr.recovery == Recovery::SelectiveRepeat
+}
+
+// ---- responder -----------------------------------------------------------------------------
+
+/// Holds request `pkt`, `ahead` PSNs after ePSN, and queues a selective ACK. False if it is too
+/// far ahead to describe in a selective ACK (then it is dropped).
+pub(crate) fn hold(qp: &mut Qp, pkt: &PacketRepr<'_>, ahead: i32) -> bool {
+    if u32::try_from(ahead).map_or(true, |a| a > SACK_SPAN) {
+        return false;
+    }
+    let span = match (pkt.bth.opcode, pkt.reth) {
+        (Opcode::RdmaReadRequest, Some(reth)) => {
+            packets(u64::from(reth.dma_len), qp.attr.path_mtu.bytes())
+        }
+        _ => 1,
+    };
+    let rc = &mut qp.rc;
+    rc.stats.out_of_seq_request += 1;
+    let key = pkt.bth.psn.value();
+    match rc.sr.held.entry(key) {
+        std::collections::btree_map::Entry::Occupied(_) => rc.stats.duplicate_request += 1,
+        std::collections::btree_map::Entry::Vacant(v) => {
+            v.insert(Held {
+                hdrs: PacketRepr {
+                    payload: &[],
+                    ..*pkt
+                },
+                payload: pkt.payload.to_vec(),
+                span,
+            });
+        }
+    }
+    queue_sack(rc);
+    true
+}
+
+/// Queues a selective ACK for the current ePSN, merged into one still queued last.
+pub(crate) fn queue_sack(rc: &mut RcState) {
+    let epsn = rc.epsn;
+    match rc.responses.back_mut() {
+        Some(Response::Sack { psn }) => *psn = epsn,
+        _ => rc.responses.push_back(Response::Sack { psn: epsn }),
+    }
+}
+
+/// The held request at ePSN, if any, after discarding held ones ePSN has passed.
+pub(crate) fn take_next_held(rc: &mut RcState) -> Option<Held> {
+    let epsn = rc.epsn;
+    rc.sr.held.retain(|&k, _| !Psn::new(k).is_before(epsn));
+    rc.sr.held.remove(&epsn.value())
+}
+
+/// The bitmap of a selective ACK whose BTH PSN is `psn`: PSNs after it executed since it was
+/// queued, and PSNs held (a held READ covers its response PSNs).
+pub(crate) fn bitmap(rc: &RcState, psn: Psn) -> u128 {
+    let base = psn.wrapping_add(1);
+    let mut bits = 0u128;
+    let mut set = |off: i64| {
+        if (0..i64::from(SACK_SPAN)).contains(&off) {
+            bits |= 1 << off;
+        }
+    };
+    for off in 0..i64::from(rc.epsn.diff(base).max(0)).min(i64::from(SACK_SPAN)) {
+        set(off);
+    }
+    for (&k, h) in &rc.sr.held {
+        let start = i64::from(Psn::new(k).diff(base));
+        for j in 0..i64::from(h.span.min(SACK_SPAN)) {
+            set(start + j);
+        }
+    }
+    bits
+}
+
+// ---- requester -----------------------------------------------------------------------------
+
+/// Records a transmission of unit `unit` and arms the probe.
+pub(crate) fn sent(rc: &mut RcState, unit: Psn, now: Instant) {
+    let sr = &mut rc.sr;
+    sr.seq += 1;
+    let seq = sr.seq;
+    let u = sr.units.entry(unit.value()).or_default();
+    u.seq = seq;
+    u.queued = false;
+    if rc.sr.probe_at.is_none() {
+        rc.sr.probe_at = Some(now + probe_interval(rc));
+    }
+}
+
+/// The probe interval: three smoothed round trips (at least [`MIN_PROBE`]), doubled per probe
+/// without progress.
+fn probe_interval(rc: &RcState) -> Duration {
+    let base = (rc.srtt.unwrap_or_default() * 3).max(MIN_PROBE);
+    base.saturating_mul(1 << rc.sr.backoff.min(MAX_BACKOFF))
+}
+
+/// The responder acknowledged everything before `comp`: forget those units, restart the probe.
+pub(crate) fn progress(rc: &mut RcState, now: Instant) {
+    let comp = rc.comp_psn;
+    rc.sr.units.retain(|&k, _| !Psn::new(k).is_before(comp));
+    rc.sr.backoff = 0;
+    rc.sr.probe_at = comp
+        .is_before(rc.sent_high)
+        .then(|| now + probe_interval(rc));
+}
+
+/// A selective ACK (BTH PSN `psn`, `bitmap`) before its cumulative part is applied: what it
+/// shows delivered raises the delivered sequence number; what it reports received is marked.
+pub(crate) fn note_sack(rc: &mut RcState, psn: Psn, bitmap: u128) {
+    rc.stats.sacks_rcvd += 1;
+    let base = psn.wrapping_add(1);
+    let sr = &mut rc.sr;
+    for (&k, u) in sr.units.iter_mut() {
+        let p = Psn::new(k);
+        let off = p.diff(base);
+        let received = p.is_before(psn)
+            || (u32::try_from(off).is_ok_and(|o| o < SACK_SPAN) && bitmap >> off & 1 == 1);
+        if received {
+            sr.delivered = sr.delivered.max(u.seq);
+            u.sacked = true;
+        }
+    }
+}
+
+/// Queues for resend every unit before the highest one reported received that is still
+/// missing: all of them if `all` (the probe), else those [`REORDER_THRESHOLD`] transmissions
+/// older than the newest delivered one.
+pub(crate) fn queue_holes(rc: &mut RcState, all: bool) {
+    let comp = rc.comp_psn;
+    let sr = &mut rc.sr;
+    let high = sr
+        .units
+        .iter()
+        .filter(|(_, u)| u.sacked)
+        .map(|(&k, _)| Psn::new(k).diff(comp))
+        .max();
+    let mut holes: Vec<(i32, u32)> = sr
+        .units
+        .iter()
+        .filter(|(k, u)| {
+            let off = Psn::new(**k).diff(comp);
+            off >= 0
+                && high.is_some_and(|h| off < h)
+                && !u.sacked
+                && !u.queued
+                && (all || u.seq.saturating_add(REORDER_THRESHOLD) <= sr.delivered)
+        })
+        .map(|(&k, _)| (Psn::new(k).diff(comp), k))
+        .collect();
+    holes.sort_unstable();
+    for (_, k) in holes {
+        if let Some(u) = sr.units.get_mut(&k) {
+            u.queued = true;
+        }
+        sr.resend.push_back(Psn::new(k));
+    }
+}
+
+/// The probe fired: resend the oldest unacknowledged PSN and every unit still missing, and back
+/// off. False if nothing is outstanding.
+pub(crate) fn probe(rc: &mut RcState, now: Instant) -> bool {
+    rc.sr.probe_at = None;
+    let comp = rc.comp_psn;
+    if !comp.is_before(rc.sent_high) {
+        return false;
+    }
+    rc.stats.sr_probes += 1;
+    let queued = rc.sr.units.get(&comp.value()).is_some_and(|u| u.queued);
+    if !queued && !rc.sr.resend.contains(&comp) {
+        rc.sr.resend.push_front(comp);
+        if let Some(u) = rc.sr.units.get_mut(&comp.value()) {
+            u.queued = true;
+        }
+    }
+    queue_holes(rc, true);
+    rc.sr.backoff = (rc.sr.backoff + 1).min(MAX_BACKOFF);
+    rc.sr.probe_at = Some(now + probe_interval(rc));
+    true
+}
+
+/// A go-back-N rewind resends everything not reported received: the resend queue is void.
+pub(crate) fn rewound(rc: &mut RcState) {
+    rc.sr.resend.clear();
+    for u in rc.sr.units.values_mut() {
+        u.queued = false;
+    }
+}
+
+/// Whether unit `psn` was reported received.
+pub(crate) fn is_sacked(rc: &RcState, psn: Psn) -> bool {
+    rc.sr.units.get(&psn.value()).is_some_and(|u| u.sacked)
+}
+
+/// Shifts every transmission sequence number down by the smallest one still compared (only
+/// their differences steer the requester): states that differ in history only compare equal
+/// (`Hca::canonical_state`).
+pub(crate) fn rebase_seq(sr: &mut SrState) {
+    let base = sr
+        .units
+        .values()
+        .map(|u| u.seq)
+        .chain([sr.delivered])
+        .min()
+        .unwrap_or(0);
+    sr.seq -= base.min(sr.seq);
+    sr.delivered -= base;
+    for u in sr.units.values_mut() {
+        u.seq -= base;
+    }
+}

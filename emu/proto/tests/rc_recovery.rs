@@ -1,0 +1,389 @@
+//! The requester's loss-recovery choices, packet by packet (issue 17 item 2): which packets a
+//! sends (opcode, PSN, count, time) after each kind of response the completer can get — a PSN
+//! sequence NAK (first, repeated, an echo of an earlier round, one during an RNR wait or right
+//! after a rewind), an RNR NAK, a late ACK after a rewind, the local ACK timeout at its exact
+//! boundary — and what its completions carry.
+//!
+//! Unlike `rc_pair.rs`, b is silent here: the wire loses every datagram, and the test plays
+//! the responder by handing a crafted ACKs and NAKs (`Pair::crafted_ack`) at chosen instants,
+//! so every response and every instant is the test's choice. These tests pin the engine as it
+//! behaves today (rc-transport.md §2.8–§2.10, §3.5–§3.9; `rc/completer.rs`); they are what
+//! makes the mutants of those choices fail (`.cargo/mutants.toml`, README "Mutation testing").
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Action, Dir, Opts, Pair, ack_timeout};
+use emu_proto::Instant;
+use emu_proto::wire::{NakCode, Opcode, RnrTimer, Syndrome};
+use verbs_api::{QpState, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+
+use Opcode::*;
+
+/// a's first PSN with the default options.
+const P: u32 = 0x100;
+/// The path MTU of the default options.
+const MTU: u32 = 256;
+
+fn at(t: Duration) -> Instant {
+    Instant::ZERO + t
+}
+
+fn us(n: u64) -> Duration {
+    Duration::from_micros(n)
+}
+
+fn seq_nak() -> Syndrome {
+    Syndrome::Nak(NakCode::PsnSequenceError)
+}
+
+fn rnr_nak(code: u8) -> Syndrome {
+    Syndrome::RnrNak {
+        timer: RnrTimer::from_code(code),
+    }
+}
+
+/// A pair whose wire loses every datagram: a's packets are traced, b never hears them.
+fn silent(opts: Opts) -> Pair {
+    let mut p = Pair::with(opts);
+    p.set_filter(|_| Action::Drop);
+    p
+}
+
+/// a posts a signaled SEND of `pkts` full MTUs as `wr_id` and sends what it may; returns the
+/// (opcode, PSN) of the packets it sent.
+fn send(p: &mut Pair, wr_id: u64, pkts: u32) -> Vec<(Opcode, u32)> {
+    let mark = p.trace.len();
+    let s = p.a.at(0, pkts * MTU);
+    p.post_a(&[SendWr::new(wr_id, SendOp::Send, &[s])]);
+    assert!(p.flush());
+    sent_since(p, mark)
+}
+
+/// (opcode, PSN) of what a sent from trace index `mark` on.
+fn sent_since(p: &Pair, mark: usize) -> Vec<(Opcode, u32)> {
+    p.seen_since(mark, Dir::AtoB)
+        .iter()
+        .map(|s| (s.op, s.psn))
+        .collect()
+}
+
+/// b's response `syndrome` for `psn` reaches a now; returns what a sends at once.
+fn answer(p: &mut Pair, psn: u32, syndrome: Syndrome) -> Vec<(Opcode, u32)> {
+    let mark = p.trace.len();
+    let pkt = p.crafted_ack(psn, syndrome);
+    p.inject_pkt(&pkt);
+    assert!(p.flush());
+    sent_since(p, mark)
+}
+
+/// Lets time run to `t`, firing what falls due; returns what a sent meanwhile.
+fn until(p: &mut Pair, t: Instant) -> Vec<(Opcode, u32)> {
+    let mark = p.trace.len();
+    assert!(p.run_until(t));
+    sent_since(p, mark)
+}
+
+/// The SEND packets of PSNs `from..=to` of a message whose packets are `first..=last`.
+fn sends(first: u32, last: u32, from: u32, to: u32) -> Vec<(Opcode, u32)> {
+    (from..=to)
+        .map(|psn| {
+            let op = match (psn == first, psn == last) {
+                (true, true) => SendOnly,
+                (true, false) => SendFirst,
+                (false, true) => SendLast,
+                (false, false) => SendMiddle,
+            };
+            (op, psn)
+        })
+        .collect()
+}
+
+/// a's send completions as (wr_id, status, opcode, byte_len), each checked to name a's QP.
+fn completions(p: &mut Pair) -> Vec<(u64, WcStatus, WcOpcode, u32)> {
+    let qpn = p.a.qpn;
+    let wcs: Vec<WorkCompletion> = p.a.send_wcs();
+    assert!(wcs.iter().all(|w| w.qp_num == qpn), "qp_num: {wcs:?}");
+    wcs.iter()
+        .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+        .collect()
+}
+
+// ---- sequence NAKs -----------------------------------------------------------------------
+
+/// A sequence NAK for a PSN inside the first of two SENDs: a goes back to exactly that PSN,
+/// resuming the first SEND at its packet (a MIDDLE, not a FIRST) and the second from its FIRST,
+/// at once and once. The NAK's implied ACK completes nothing (the SEND's last PSN is later);
+/// the final ACK completes both, with their lengths and a's QP number.
+#[test]
+fn sequence_nak_resends_from_the_naked_psn_with_the_original_opcodes() {
+    let mut p = silent(Opts::default());
+    assert_eq!(send(&mut p, 1, 4), sends(P, P + 3, P, P + 3));
+    assert_eq!(send(&mut p, 2, 2), sends(P + 4, P + 5, P + 4, P + 5));
+    let resent = answer(&mut p, P + 2, seq_nak());
+    let mut want = sends(P, P + 3, P + 2, P + 3);
+    want.extend(sends(P + 4, P + 5, P + 4, P + 5));
+    assert_eq!(resent, want);
+    assert!(completions(&mut p).is_empty());
+    let a = p.a.stats();
+    assert_eq!(
+        (a.rcvd_seq_err, a.retransmits_nak, a.timeout_retries),
+        (1, 4, 0)
+    );
+    assert_eq!(p.next_deadline(), Some(at(ack_timeout(p.opts.timeout))));
+    assert_eq!(answer(&mut p, P + 5, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(
+        completions(&mut p),
+        [
+            (1, WcStatus::Success, WcOpcode::Send, 4 * MTU),
+            (2, WcStatus::Success, WcOpcode::Send, 2 * MTU),
+        ]
+    );
+    assert_eq!(p.next_deadline(), None, "nothing left to time");
+}
+
+/// A sequence NAK for the oldest PSN with `retry_cnt` 0: the retry it asks for is not there,
+/// the SEND fails with RETRY_EXC_ERR (length 0, a's QP number) and the QP enters ERR.
+#[test]
+fn sequence_nak_with_retry_cnt_0_fails_the_head() {
+    let mut p = silent(Opts {
+        retry_cnt: 0,
+        ..Opts::default()
+    });
+    send(&mut p, 1, 2);
+    assert_eq!(answer(&mut p, P, seq_nak()), []);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::RetryExcErr, WcOpcode::Send, 0)]
+    );
+    assert_eq!(p.a.state(), QpState::Err);
+    assert_eq!(p.a.stats().retry_exceeded_err, 1);
+}
+
+/// A repeat of the NAK the current round went back to: inside the echo guard (1 µs without an
+/// RTT estimate) it is deferred to the guard's end, then acted on; after the guard it is acted
+/// on at once. Either way the same round starts again without spending `retry_cnt` (1 here),
+/// and the ACK timer keeps running from the first transmission. Progress reloads the budget;
+/// the next NAK (after the guard) spends it and restarts the timer, whose expiry then finds
+/// the budget used up: RETRY_EXC_ERR, at exactly that NAK + timeout.
+#[test]
+fn repeated_sequence_nak_goes_back_again_without_spending_retry_cnt() {
+    let mut p = silent(Opts {
+        retry_cnt: 1,
+        ..Opts::default()
+    });
+    let t = ack_timeout(p.opts.timeout);
+    send(&mut p, 1, 4);
+    let round = sends(P, P + 3, P + 1, P + 3);
+    assert_eq!(answer(&mut p, P + 1, seq_nak()), round, "retry_cnt 1 → 0");
+    p.now = at(Duration::from_nanos(500));
+    assert_eq!(answer(&mut p, P + 1, seq_nak()), [], "an echo: deferred");
+    assert_eq!(p.next_deadline(), Some(at(us(1))));
+    assert_eq!(
+        until(&mut p, at(us(1))),
+        round,
+        "acted on at the guard's end"
+    );
+    p.now = at(us(5));
+    assert_eq!(answer(&mut p, P + 1, seq_nak()), round, "no echo: at once");
+    assert_eq!(p.a.state(), QpState::Rts);
+    assert_eq!(p.next_deadline(), Some(at(t)), "the ACK timer still runs");
+    let a = p.a.stats();
+    assert_eq!((a.rcvd_seq_err, a.retransmits_nak), (3, 9));
+
+    assert_eq!(answer(&mut p, P + 1, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(
+        p.next_deadline(),
+        Some(at(us(5) + t)),
+        "progress restarts it"
+    );
+    p.now = at(us(7));
+    let round2 = sends(P, P + 3, P + 2, P + 3);
+    assert_eq!(answer(&mut p, P + 2, seq_nak()), round2, "retry_cnt 1 → 0");
+    assert_eq!(
+        p.next_deadline(),
+        Some(at(us(7) + t)),
+        "the retry restarts it"
+    );
+    assert_eq!(until(&mut p, at(us(7) + t - Duration::from_nanos(1))), []);
+    assert!(completions(&mut p).is_empty());
+    assert_eq!(until(&mut p, at(us(7) + t)), []);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::RetryExcErr, WcOpcode::Send, 0)]
+    );
+    assert_eq!(p.a.state(), QpState::Err);
+    let a = p.a.stats();
+    assert_eq!((a.retry_exceeded_err, a.timeout_retries), (1, 0));
+}
+
+/// A NAK for a later PSN than the round went back to (the responder got the resent packet,
+/// then lost another) inside the echo guard replaces an echo deferred for the older PSN: when
+/// it falls due, the new gap is resent; an older deferred NAK that progress answered is
+/// dropped. Acting on it is a new retry (it spends `retry_cnt`).
+#[test]
+fn deferred_nak_follows_progress() {
+    let mut p = silent(Opts::default());
+    send(&mut p, 1, 4);
+    assert_eq!(
+        answer(&mut p, P + 1, seq_nak()),
+        sends(P, P + 3, P + 1, P + 3)
+    );
+    p.now = at(Duration::from_nanos(200));
+    assert_eq!(answer(&mut p, P + 1, seq_nak()), [], "deferred for P+1");
+    p.now = at(Duration::from_nanos(400));
+    assert_eq!(answer(&mut p, P + 2, seq_nak()), [], "deferred for P+2");
+    assert_eq!(p.next_deadline(), Some(at(us(1))));
+    assert_eq!(until(&mut p, at(us(1))), sends(P, P + 3, P + 2, P + 3));
+    let a = p.a.stats();
+    assert_eq!((a.rcvd_seq_err, a.retransmits_nak), (3, 5));
+
+    // Deferred, then answered by an ACK before it falls due: nothing is resent.
+    p.now = at(us(1) + Duration::from_nanos(100));
+    assert_eq!(answer(&mut p, P + 2, seq_nak()), []);
+    assert_eq!(answer(&mut p, P + 2, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(until(&mut p, at(us(3))), []);
+    assert_eq!(p.a.stats().retransmits_nak, 5);
+    assert_eq!(answer(&mut p, P + 3, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::Send, 4 * MTU)]
+    );
+}
+
+/// With an RTT estimate, the echo guard is 5/4 of it for a NAK of the PSN the round went back
+/// to, and half of it for a later PSN: a NAK inside is deferred to the guard's end, one at or
+/// after it is acted on at once.
+#[test]
+fn echo_guard_scales_with_the_rtt_estimate() {
+    let mut p = silent(Opts::default());
+    // One sample of 80 µs: the ACK of the first SEND's last packet (its RTT probe).
+    send(&mut p, 1, 1);
+    p.now = at(us(80));
+    assert_eq!(answer(&mut p, P, Syndrome::ACK_UNLIMITED), []);
+    send(&mut p, 2, 4);
+    let q = P + 1;
+    // The round goes back to q at 80 µs: the guard for q ends at 180 µs.
+    assert_eq!(answer(&mut p, q, seq_nak()), sends(q, q + 3, q, q + 3));
+    p.now = at(us(179));
+    assert_eq!(answer(&mut p, q, seq_nak()), []);
+    assert_eq!(p.next_deadline(), Some(at(us(180))));
+    assert_eq!(until(&mut p, at(us(180))), sends(q, q + 3, q, q + 3));
+    // That round started at 180 µs; a NAK for q + 1 is an echo until 220 µs.
+    p.now = at(us(219));
+    assert_eq!(answer(&mut p, q + 1, seq_nak()), []);
+    assert_eq!(p.next_deadline(), Some(at(us(220))));
+    p.now = at(us(220) - Duration::from_nanos(1));
+    assert_eq!(answer(&mut p, q + 2, seq_nak()), []);
+    assert_eq!(p.next_deadline(), Some(at(us(220))));
+    p.now = at(us(220));
+    assert_eq!(
+        answer(&mut p, q + 2, seq_nak()),
+        sends(q, q + 3, q + 2, q + 3)
+    );
+    assert_eq!(p.a.state(), QpState::Rts);
+}
+
+/// A NAK for the PSN an ACK timeout has just gone back to, before the resend left: the
+/// requester is about to send it anyway, so the NAK changes nothing (it neither spends
+/// `retry_cnt`, 1 here, nor starts another round). Then a late ACK for a PSN sent before the
+/// rewind moves the resend past what it covers.
+#[test]
+fn nak_right_after_a_timeout_rewind_and_a_late_ack() {
+    let mut p = silent(Opts {
+        retry_cnt: 1,
+        ..Opts::default()
+    });
+    let t = ack_timeout(p.opts.timeout);
+    send(&mut p, 1, 2);
+    send(&mut p, 2, 2);
+    p.now = at(t);
+    p.fire_timers();
+    assert_eq!(p.a.stats().timeout_retries, 1, "retry_cnt 1 → 0");
+    // Before a transmits: the NAK for P and the ACK of the first SEND.
+    let nak = p.crafted_ack(P, seq_nak());
+    p.inject_pkt(&nak);
+    let ack = p.crafted_ack(P + 1, Syndrome::ACK_UNLIMITED);
+    p.inject_pkt(&ack);
+    let mark = p.trace.len();
+    assert!(p.flush());
+    assert_eq!(sent_since(&p, mark), sends(P + 2, P + 3, P + 2, P + 3));
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::Send, 2 * MTU)]
+    );
+    assert_eq!(p.a.state(), QpState::Rts);
+    let a = p.a.stats();
+    assert_eq!((a.retransmits_timeout, a.retransmits_nak), (2, 0));
+    assert_eq!(p.next_deadline(), Some(at(t + t)));
+}
+
+// ---- RNR NAKs ----------------------------------------------------------------------------
+
+/// An RNR NAK for the oldest PSN: a sends nothing for exactly the RNR delay (not even at its
+/// shorter ACK timeout, nor for a sequence NAK that arrives meanwhile, which costs no retry
+/// with `retry_cnt` 0), then resends from that PSN, once. An RNR NAK for a PSN already
+/// acknowledged is counted and changes nothing.
+#[test]
+fn rnr_nak_waits_exactly_its_delay_then_resends_once() {
+    let mut p = silent(Opts {
+        retry_cnt: 0,
+        rnr_retry: 1,
+        ..Opts::default()
+    });
+    let delay = RnrTimer::from_code(14).duration();
+    assert!(ack_timeout(p.opts.timeout) < delay);
+    send(&mut p, 1, 4);
+    p.now = at(us(10));
+    assert_eq!(answer(&mut p, P + 2, rnr_nak(14)), [], "implies ACK of P+1");
+    assert_eq!(p.next_deadline(), Some(at(us(10) + delay)));
+    p.now = at(us(20));
+    assert_eq!(answer(&mut p, P + 2, seq_nak()), []);
+    assert_eq!(answer(&mut p, P + 1, rnr_nak(14)), [], "stale");
+    assert_eq!(p.next_deadline(), Some(at(us(10) + delay)));
+    assert_eq!(
+        until(&mut p, at(us(10) + delay - Duration::from_nanos(1))),
+        []
+    );
+    assert_eq!(
+        until(&mut p, at(us(10) + delay)),
+        sends(P, P + 3, P + 2, P + 3)
+    );
+    assert_eq!(p.a.state(), QpState::Rts);
+    let a = p.a.stats();
+    assert_eq!(
+        (a.rcvd_rnr_err, a.rcvd_seq_err, a.retransmits_nak),
+        (2, 1, 2)
+    );
+
+    // The second RNR NAK for the same PSN exhausts rnr_retry 1.
+    assert_eq!(answer(&mut p, P + 2, rnr_nak(14)), []);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::RnrRetryExcErr, WcOpcode::Send, 0)]
+    );
+    assert_eq!(p.a.stats().retry_rnr_exceeded_err, 1);
+    assert_eq!(p.a.state(), QpState::Err);
+}
+
+// ---- the local ACK timeout ---------------------------------------------------------------
+
+/// The local ACK timeout fires at exactly send + timeout, not a nanosecond before, and resends
+/// everything unacknowledged from the oldest PSN; each later timeout is one timeout after the
+/// previous resend.
+#[test]
+fn ack_timeout_fires_at_its_exact_boundary() {
+    let mut p = silent(Opts::default());
+    let t = ack_timeout(p.opts.timeout);
+    send(&mut p, 1, 3);
+    assert_eq!(until(&mut p, at(t - Duration::from_nanos(1))), []);
+    assert_eq!(until(&mut p, at(t)), sends(P, P + 2, P, P + 2));
+    assert_eq!(answer(&mut p, P, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(p.next_deadline(), Some(at(t + t)), "progress restarts it");
+    assert_eq!(until(&mut p, at(t + t - Duration::from_nanos(1))), []);
+    assert_eq!(until(&mut p, at(t + t)), sends(P, P + 2, P + 1, P + 2));
+    let a = p.a.stats();
+    assert_eq!((a.timeout_retries, a.retransmits_timeout), (2, 5));
+}

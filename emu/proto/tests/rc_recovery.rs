@@ -15,10 +15,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Action, Dir, Opts, Pair, ack_timeout};
+use common::{ALL_ACCESS, Action, Dir, Node, Opts, Pair, ack_timeout, bth};
 use emu_proto::Instant;
-use emu_proto::wire::{NakCode, Opcode, RnrTimer, Syndrome};
-use verbs_api::{QpState, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use emu_proto::wire::{
+    AethRepr, AtomicAckEthRepr, NakCode, Opcode, PacketRepr, RnrTimer, Syndrome,
+};
+use verbs_api::{AccessFlags, QpState, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use Opcode::*;
 
@@ -322,10 +324,11 @@ fn nak_right_after_a_timeout_rewind_and_a_late_ack() {
 
 // ---- RNR NAKs ----------------------------------------------------------------------------
 
-/// An RNR NAK for the oldest PSN: a sends nothing for exactly the RNR delay (not even at its
-/// shorter ACK timeout, nor for a sequence NAK that arrives meanwhile, which costs no retry
-/// with `retry_cnt` 0), then resends from that PSN, once. An RNR NAK for a PSN already
-/// acknowledged is counted and changes nothing.
+/// An RNR NAK for the oldest PSN: a sends nothing for exactly the RNR delay — not for a
+/// sequence NAK that arrives meanwhile (which costs no retry with `retry_cnt` 0), nor for an
+/// ACK timer that expires inside the wait — then resends from the oldest unacknowledged PSN,
+/// once. An RNR NAK for a PSN already acknowledged is counted and changes nothing; progress
+/// reloads `rnr_retry` (1 here), and two more RNR NAKs for one PSN exhaust it.
 #[test]
 fn rnr_nak_waits_exactly_its_delay_then_resends_once() {
     let mut p = silent(Opts {
@@ -334,7 +337,8 @@ fn rnr_nak_waits_exactly_its_delay_then_resends_once() {
         ..Opts::default()
     });
     let delay = RnrTimer::from_code(14).duration();
-    assert!(ack_timeout(p.opts.timeout) < delay);
+    let t = ack_timeout(p.opts.timeout);
+    assert!(t < delay);
     send(&mut p, 1, 4);
     p.now = at(us(10));
     assert_eq!(answer(&mut p, P + 2, rnr_nak(14)), [], "implies ACK of P+1");
@@ -343,29 +347,55 @@ fn rnr_nak_waits_exactly_its_delay_then_resends_once() {
     assert_eq!(answer(&mut p, P + 2, seq_nak()), []);
     assert_eq!(answer(&mut p, P + 1, rnr_nak(14)), [], "stale");
     assert_eq!(p.next_deadline(), Some(at(us(10) + delay)));
-    assert_eq!(
-        until(&mut p, at(us(10) + delay - Duration::from_nanos(1))),
-        []
-    );
-    assert_eq!(
-        until(&mut p, at(us(10) + delay)),
-        sends(P, P + 3, P + 2, P + 3)
-    );
+    // An ACK of P+2 during the wait arms the ACK timer, which expires inside the wait.
+    assert_eq!(answer(&mut p, P + 2, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(p.next_deadline(), Some(at(us(20) + t)));
+    let end = us(10) + delay;
+    assert_eq!(until(&mut p, at(end - Duration::from_nanos(1))), []);
+    assert_eq!(p.a.stats().timeout_retries, 0);
+    assert_eq!(until(&mut p, at(end)), sends(P, P + 3, P + 3, P + 3));
     assert_eq!(p.a.state(), QpState::Rts);
     let a = p.a.stats();
     assert_eq!(
         (a.rcvd_rnr_err, a.rcvd_seq_err, a.retransmits_nak),
-        (2, 1, 2)
+        (2, 1, 1)
     );
 
-    // The second RNR NAK for the same PSN exhausts rnr_retry 1.
-    assert_eq!(answer(&mut p, P + 2, rnr_nak(14)), []);
+    assert_eq!(answer(&mut p, P + 3, rnr_nak(14)), []);
+    assert!(completions(&mut p).is_empty(), "rnr_retry 1 → 0");
+    assert_eq!(answer(&mut p, P + 3, rnr_nak(14)), []);
     assert_eq!(
         completions(&mut p),
         [(1, WcStatus::RnrRetryExcErr, WcOpcode::Send, 0)]
     );
     assert_eq!(p.a.stats().retry_rnr_exceeded_err, 1);
     assert_eq!(p.a.state(), QpState::Err);
+}
+
+/// A sequence NAK deferred as an echo falls due during an RNR wait: it starts nothing (and
+/// spends no `retry_cnt`, 1 here: the ACK timeout after the RNR resend is still a retry).
+#[test]
+fn rnr_wait_cancels_a_deferred_nak() {
+    let mut p = silent(Opts {
+        retry_cnt: 1,
+        ..Opts::default()
+    });
+    let t = ack_timeout(p.opts.timeout);
+    send(&mut p, 1, 4);
+    assert_eq!(
+        answer(&mut p, P + 1, seq_nak()),
+        sends(P, P + 3, P + 1, P + 3)
+    );
+    p.now = at(Duration::from_nanos(400));
+    assert_eq!(answer(&mut p, P + 2, seq_nak()), [], "deferred to 1 µs");
+    p.now = at(Duration::from_nanos(600));
+    assert_eq!(answer(&mut p, P + 2, rnr_nak(1)), [], "RNR wait to 10.6 µs");
+    let end = Duration::from_nanos(10_600);
+    assert_eq!(until(&mut p, at(end - Duration::from_nanos(1))), []);
+    assert_eq!(until(&mut p, at(end)), sends(P, P + 3, P + 2, P + 3));
+    assert_eq!(until(&mut p, at(end + t)), sends(P, P + 3, P + 2, P + 3));
+    assert_eq!(p.a.state(), QpState::Rts);
+    assert_eq!(p.a.stats().timeout_retries, 1);
 }
 
 // ---- the local ACK timeout ---------------------------------------------------------------
@@ -386,4 +416,236 @@ fn ack_timeout_fires_at_its_exact_boundary() {
     assert_eq!(until(&mut p, at(t + t)), sends(P, P + 2, P + 1, P + 2));
     let a = p.a.stats();
     assert_eq!((a.timeout_retries, a.retransmits_timeout), (2, 5));
+}
+
+/// A sequence NAK for the PSN a timeout round went back to, inside the echo guard, is
+/// deferred; when it falls due it is a new retry (the round was the timer's), and with
+/// `retry_cnt` used up that fails the SEND and the QP at once.
+#[test]
+fn deferred_nak_after_a_timeout_round_is_a_retry() {
+    let mut p = silent(Opts {
+        retry_cnt: 1,
+        ..Opts::default()
+    });
+    let t = ack_timeout(p.opts.timeout);
+    send(&mut p, 1, 2);
+    assert_eq!(
+        until(&mut p, at(t)),
+        sends(P, P + 1, P, P + 1),
+        "retry_cnt 1 → 0"
+    );
+    p.now = at(t + Duration::from_nanos(200));
+    assert_eq!(answer(&mut p, P, seq_nak()), []);
+    assert_eq!(p.next_deadline(), Some(at(t + us(1))));
+    assert_eq!(until(&mut p, at(t + us(1))), []);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::RetryExcErr, WcOpcode::Send, 0)]
+    );
+    assert_eq!(p.a.state(), QpState::Err);
+}
+
+// ---- READs and atomics ---------------------------------------------------------------------
+
+/// A READ response `op` for `psn` with `payload`, crafted as from b.
+fn read_response(p: &Pair, op: Opcode, psn: u32, payload: &[u8]) -> common::Pkt {
+    let aeth = (op != RdmaReadResponseMiddle).then_some(AethRepr {
+        syndrome: Syndrome::ACK_UNLIMITED,
+        msn: 0,
+    });
+    let repr = PacketRepr {
+        aeth,
+        ..PacketRepr::new(bth(op, p.a.qpn, psn, false), payload)
+    };
+    p.craft(Dir::BtoA, &repr)
+}
+
+/// a posts a READ of `pkts` MTUs from b's MR into its own (`wr_id` 1) and sends it.
+fn read(p: &mut Pair, pkts: u32) {
+    let op = SendOp::RdmaRead {
+        remote_addr: p.b.va(0),
+        rkey: p.b.mr.rkey,
+    };
+    let dst = p.a.at(0, pkts * MTU);
+    p.post_a(&[SendWr::new(1, op, &[dst])]);
+    assert!(p.flush());
+}
+
+/// READ responses whose position or length does not fit the packet they answer fail the
+/// READ with BAD_RESP_ERR and the QP; so does a READ response or an ATOMIC ACKNOWLEDGE when
+/// the oldest WQE is a SEND. The responses that fit place the data and count its bytes.
+#[test]
+fn responses_that_do_not_fit_the_request_fail_it() {
+    let full = vec![7u8; MTU as usize];
+    let short = vec![7u8; MTU as usize - 1];
+    let cases: [(u32, &[(Opcode, u32, &[u8])]); 8] = [
+        (3, &[(RdmaReadResponseMiddle, P, &full)]),
+        (3, &[(RdmaReadResponseLast, P, &full)]),
+        (3, &[(RdmaReadResponseOnly, P, &full)]),
+        (3, &[(RdmaReadResponseFirst, P, &short)]),
+        (1, &[(RdmaReadResponseLast, P, &full)]),
+        (1, &[(RdmaReadResponseFirst, P, &full)]),
+        (
+            3,
+            &[
+                (RdmaReadResponseFirst, P, &full),
+                (RdmaReadResponseMiddle, P + 1, &full),
+                (RdmaReadResponseMiddle, P + 2, &full),
+            ],
+        ),
+        (
+            3,
+            &[
+                (RdmaReadResponseFirst, P, &full),
+                (RdmaReadResponseFirst, P + 1, &full),
+                (RdmaReadResponseFirst, P + 2, &full),
+            ],
+        ),
+    ];
+    for (n, (pkts, responses)) in cases.iter().enumerate() {
+        let mut p = silent(Opts::default());
+        read(&mut p, *pkts);
+        for &(op, psn, payload) in *responses {
+            let pkt = read_response(&p, op, psn, payload);
+            p.inject_pkt(&pkt);
+        }
+        assert_eq!(
+            completions(&mut p),
+            [(1, WcStatus::BadRespErr, WcOpcode::RdmaRead, 0)],
+            "case {n}"
+        );
+        assert_eq!(p.a.state(), QpState::Err, "case {n}");
+    }
+    // The same READ answered as it should be.
+    let mut p = silent(Opts::default());
+    read(&mut p, 3);
+    for (i, op) in [
+        RdmaReadResponseFirst,
+        RdmaReadResponseMiddle,
+        RdmaReadResponseLast,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = vec![i as u8 + 1; MTU as usize];
+        let pkt = read_response(&p, op, P + i as u32, &data);
+        p.inject_pkt(&pkt);
+    }
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::RdmaRead, 3 * MTU)]
+    );
+    let mut want = vec![1u8; MTU as usize];
+    want.extend(vec![2u8; MTU as usize]);
+    want.extend(vec![3u8; MTU as usize]);
+    assert_eq!(p.a.read(&p.a.mr, 0, 3 * MTU as usize), want);
+    assert_eq!(p.a.stats().rcvd_bytes, u64::from(3 * MTU));
+
+    // Responses for a SEND.
+    for atomic in [false, true] {
+        let mut p = silent(Opts::default());
+        send(&mut p, 1, 1);
+        let pkt = if atomic {
+            let repr = PacketRepr {
+                aeth: Some(AethRepr {
+                    syndrome: Syndrome::ACK_UNLIMITED,
+                    msn: 0,
+                }),
+                atomic_ack_eth: Some(AtomicAckEthRepr {
+                    orig_remote_data: 5,
+                }),
+                ..PacketRepr::new(bth(AtomicAcknowledge, p.a.qpn, P, false), &[])
+            };
+            p.craft(Dir::BtoA, &repr)
+        } else {
+            read_response(&p, RdmaReadResponseOnly, P, &[1; 8])
+        };
+        p.inject_pkt(&pkt);
+        assert_eq!(
+            completions(&mut p),
+            [(1, WcStatus::BadRespErr, WcOpcode::Send, 0)],
+            "atomic {atomic}"
+        );
+        assert_eq!(p.a.state(), QpState::Err);
+    }
+}
+
+/// An ACK past a READ whose responses never came means they were lost: a goes back to the
+/// READ at once, once per retry round (a repeat of that ACK starts nothing), and again after
+/// the ACK timeout's round.
+#[test]
+fn ack_past_an_unanswered_read_resends_it_once_per_round() {
+    let mut p = silent(Opts::default());
+    let t = ack_timeout(p.opts.timeout);
+    read(&mut p, 1);
+    send(&mut p, 2, 1);
+    let round = vec![(RdmaReadRequest, P), (SendOnly, P + 1)];
+    assert_eq!(answer(&mut p, P + 1, Syndrome::ACK_UNLIMITED), round);
+    assert_eq!(answer(&mut p, P + 1, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(until(&mut p, at(t)), round, "the timeout's round");
+    assert_eq!(answer(&mut p, P + 1, Syndrome::ACK_UNLIMITED), round);
+    assert!(completions(&mut p).is_empty());
+    let a = p.a.stats();
+    assert_eq!(
+        (a.retransmits_nak, a.retransmits_timeout, a.timeout_retries),
+        (4, 2, 1)
+    );
+}
+
+/// The RTT estimate is smoothed (7/8 old + 1/8 new sample): samples of 80 µs then 160 µs give
+/// 90 µs, so the echo guard for the PSN a round went back to is 112.5 µs.
+#[test]
+fn rtt_estimate_is_smoothed() {
+    let mut p = silent(Opts::default());
+    send(&mut p, 1, 1);
+    p.now = at(us(80));
+    assert_eq!(answer(&mut p, P, Syndrome::ACK_UNLIMITED), []);
+    send(&mut p, 2, 1);
+    p.now = at(us(240));
+    assert_eq!(answer(&mut p, P + 1, Syndrome::ACK_UNLIMITED), []);
+    send(&mut p, 3, 2);
+    let q = P + 2;
+    assert_eq!(answer(&mut p, q, seq_nak()), sends(q, q + 1, q, q + 1));
+    p.now = at(us(352));
+    assert_eq!(answer(&mut p, q, seq_nak()), []);
+    assert_eq!(
+        p.next_deadline(),
+        Some(at(us(352) + Duration::from_nanos(500)))
+    );
+}
+
+/// A READ's local buffer whose MR was deregistered while the READ was in flight, and another
+/// MR registered since under the same key without LOCAL_WRITE: the response may not land
+/// there (LOC_PROT_ERR), although the key resolves again.
+#[test]
+fn read_response_into_a_buffer_that_lost_local_write_fails() {
+    let mut p = silent(Opts::default());
+    let mr = p.a.reg(4096, ALL_ACCESS);
+    let op = SendOp::RdmaRead {
+        remote_addr: p.b.va(0),
+        rkey: p.b.mr.rkey,
+    };
+    let dst = Node::sge(&mr, 0, 64);
+    p.post_a(&[SendWr::new(1, op, &[dst])]);
+    assert!(p.flush());
+    p.a.hca.dereg_mr(mr.lkey).unwrap();
+    // Register and deregister in the freed slot until the key byte comes round again.
+    let again = (0..10_000)
+        .find_map(|_| {
+            let m = p.a.reg(4096, AccessFlags::REMOTE_READ);
+            if m.lkey == mr.lkey {
+                Some(m)
+            } else {
+                p.a.hca.dereg_mr(m.lkey).unwrap();
+                None
+            }
+        })
+        .expect("the key byte repeats");
+    assert!(!again.access.contains(AccessFlags::LOCAL_WRITE));
+    let pkt = read_response(&p, RdmaReadResponseOnly, P, &[9; 64]);
+    p.inject_pkt(&pkt);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::LocProtErr, WcOpcode::RdmaRead, 0)]
+    );
 }

@@ -54,6 +54,14 @@ fn silent(opts: Opts) -> Pair {
     p
 }
 
+/// As [`silent`] with the default options but `retry_cnt`.
+fn silent_with_retry_cnt(retry_cnt: u8) -> Pair {
+    silent(Opts {
+        retry_cnt,
+        ..Opts::default()
+    })
+}
+
 /// a posts a signaled SEND of `pkts` full MTUs as `wr_id` and sends what it may; returns the
 /// (opcode, PSN) of the packets it sent.
 fn send(p: &mut Pair, wr_id: u64, pkts: u32) -> Vec<(Opcode, u32)> {
@@ -150,10 +158,7 @@ fn sequence_nak_resends_from_the_naked_psn_with_the_original_opcodes() {
 /// the SEND fails with RETRY_EXC_ERR (length 0, a's QP number) and the QP enters ERR.
 #[test]
 fn sequence_nak_with_retry_cnt_0_fails_the_head() {
-    let mut p = silent(Opts {
-        retry_cnt: 0,
-        ..Opts::default()
-    });
+    let mut p = silent_with_retry_cnt(0);
     send(&mut p, 1, 2);
     assert_eq!(answer(&mut p, P, seq_nak()), []);
     assert_eq!(
@@ -172,10 +177,7 @@ fn sequence_nak_with_retry_cnt_0_fails_the_head() {
 /// the budget used up: RETRY_EXC_ERR, at exactly that NAK + timeout.
 #[test]
 fn repeated_sequence_nak_goes_back_again_without_spending_retry_cnt() {
-    let mut p = silent(Opts {
-        retry_cnt: 1,
-        ..Opts::default()
-    });
+    let mut p = silent_with_retry_cnt(1);
     let t = ack_timeout(p.opts.timeout);
     send(&mut p, 1, 4);
     let round = sends(P, P + 3, P + 1, P + 3);
@@ -294,10 +296,7 @@ fn echo_guard_scales_with_the_rtt_estimate() {
 /// rewind moves the resend past what it covers.
 #[test]
 fn nak_right_after_a_timeout_rewind_and_a_late_ack() {
-    let mut p = silent(Opts {
-        retry_cnt: 1,
-        ..Opts::default()
-    });
+    let mut p = silent_with_retry_cnt(1);
     let t = ack_timeout(p.opts.timeout);
     send(&mut p, 1, 2);
     send(&mut p, 2, 2);
@@ -376,10 +375,7 @@ fn rnr_nak_waits_exactly_its_delay_then_resends_once() {
 /// spends no `retry_cnt`, 1 here: the ACK timeout after the RNR resend is still a retry).
 #[test]
 fn rnr_wait_cancels_a_deferred_nak() {
-    let mut p = silent(Opts {
-        retry_cnt: 1,
-        ..Opts::default()
-    });
+    let mut p = silent_with_retry_cnt(1);
     let t = ack_timeout(p.opts.timeout);
     send(&mut p, 1, 4);
     assert_eq!(
@@ -423,10 +419,7 @@ fn ack_timeout_fires_at_its_exact_boundary() {
 /// `retry_cnt` used up that fails the SEND and the QP at once.
 #[test]
 fn deferred_nak_after_a_timeout_round_is_a_retry() {
-    let mut p = silent(Opts {
-        retry_cnt: 1,
-        ..Opts::default()
-    });
+    let mut p = silent_with_retry_cnt(1);
     let t = ack_timeout(p.opts.timeout);
     send(&mut p, 1, 2);
     assert_eq!(
@@ -471,14 +464,16 @@ fn read(p: &mut Pair, pkts: u32) {
     assert!(p.flush());
 }
 
+/// A crafted READ response: opcode, PSN, payload.
+type ReadResponse<'a> = (Opcode, u32, &'a [u8]);
+
 /// READ responses whose position or length does not fit the packet they answer fail the
-/// READ with BAD_RESP_ERR and the QP; so does a READ response or an ATOMIC ACKNOWLEDGE when
-/// the oldest WQE is a SEND. The responses that fit place the data and count its bytes.
+/// READ with BAD_RESP_ERR and the QP.
 #[test]
-fn responses_that_do_not_fit_the_request_fail_it() {
+fn read_responses_that_do_not_fit_the_request_fail_it() {
     let full = vec![7u8; MTU as usize];
     let short = vec![7u8; MTU as usize - 1];
-    let cases: [(u32, &[(Opcode, u32, &[u8])]); 8] = [
+    let cases: [(u32, &[ReadResponse<'_>]); 8] = [
         (3, &[(RdmaReadResponseMiddle, P, &full)]),
         (3, &[(RdmaReadResponseLast, P, &full)]),
         (3, &[(RdmaReadResponseOnly, P, &full)]),
@@ -516,7 +511,11 @@ fn responses_that_do_not_fit_the_request_fail_it() {
         );
         assert_eq!(p.a.state(), QpState::Err, "case {n}");
     }
-    // The same READ answered as it should be.
+}
+
+/// READ responses that fit place the data at their offsets and count its bytes.
+#[test]
+fn read_responses_that_fit_place_the_data() {
     let mut p = silent(Opts::default());
     read(&mut p, 3);
     for (i, op) in [
@@ -540,8 +539,12 @@ fn responses_that_do_not_fit_the_request_fail_it() {
     want.extend(vec![3u8; MTU as usize]);
     assert_eq!(p.a.read(&p.a.mr, 0, 3 * MTU as usize), want);
     assert_eq!(p.a.stats().rcvd_bytes, u64::from(3 * MTU));
+}
 
-    // Responses for a SEND.
+/// A READ response or an ATOMIC ACKNOWLEDGE when the oldest WQE is a SEND fails it with
+/// BAD_RESP_ERR and the QP.
+#[test]
+fn responses_for_a_send_fail_it() {
     for atomic in [false, true] {
         let mut p = silent(Opts::default());
         send(&mut p, 1, 1);

@@ -453,6 +453,21 @@ fn read_response(p: &Pair, op: Opcode, psn: u32, payload: &[u8]) -> common::Pkt 
     p.craft(Dir::BtoA, &repr)
 }
 
+/// An ATOMIC ACKNOWLEDGE for `psn` carrying `orig`, crafted as from b.
+fn atomic_ack(p: &Pair, psn: u32, orig: u64) -> common::Pkt {
+    let repr = PacketRepr {
+        aeth: Some(AethRepr {
+            syndrome: Syndrome::ACK_UNLIMITED,
+            msn: 0,
+        }),
+        atomic_ack_eth: Some(AtomicAckEthRepr {
+            orig_remote_data: orig,
+        }),
+        ..PacketRepr::new(bth(AtomicAcknowledge, p.a.qpn, psn, false), &[])
+    };
+    p.craft(Dir::BtoA, &repr)
+}
+
 /// a posts a READ of `pkts` MTUs from b's MR into its own (`wr_id` 1) and sends it.
 fn read(p: &mut Pair, pkts: u32) {
     let op = SendOp::RdmaRead {
@@ -549,17 +564,7 @@ fn responses_for_a_send_fail_it() {
         let mut p = silent(Opts::default());
         send(&mut p, 1, 1);
         let pkt = if atomic {
-            let repr = PacketRepr {
-                aeth: Some(AethRepr {
-                    syndrome: Syndrome::ACK_UNLIMITED,
-                    msn: 0,
-                }),
-                atomic_ack_eth: Some(AtomicAckEthRepr {
-                    orig_remote_data: 5,
-                }),
-                ..PacketRepr::new(bth(AtomicAcknowledge, p.a.qpn, P, false), &[])
-            };
-            p.craft(Dir::BtoA, &repr)
+            atomic_ack(&p, P, 5)
         } else {
             read_response(&p, RdmaReadResponseOnly, P, &[1; 8])
         };
@@ -617,38 +622,52 @@ fn rtt_estimate_is_smoothed() {
     );
 }
 
-/// A READ's local buffer whose MR was deregistered while the READ was in flight, and another
-/// MR registered since under the same key without LOCAL_WRITE: the response may not land
-/// there (LOC_PROT_ERR), although the key resolves again.
+/// The local buffer of a READ or an atomic whose MR was deregistered while the request was in
+/// flight, and another MR registered since under the same key without LOCAL_WRITE: the response
+/// may not land there (LOC_PROT_ERR), although the key resolves again.
 #[test]
-fn read_response_into_a_buffer_that_lost_local_write_fails() {
-    let mut p = silent(Opts::default());
-    let mr = p.a.reg(4096, ALL_ACCESS);
-    let op = SendOp::RdmaRead {
-        remote_addr: p.b.va(0),
-        rkey: p.b.mr.rkey,
-    };
-    let dst = Node::sge(&mr, 0, 64);
-    p.post_a(&[SendWr::new(1, op, &[dst])]);
-    assert!(p.flush());
-    p.a.hca.dereg_mr(mr.lkey).unwrap();
-    // Register and deregister in the freed slot until the key byte comes round again.
-    let again = (0..10_000)
-        .find_map(|_| {
-            let m = p.a.reg(4096, AccessFlags::REMOTE_READ);
-            if m.lkey == mr.lkey {
-                Some(m)
-            } else {
+fn response_into_a_buffer_that_lost_local_write_fails() {
+    for atomic in [false, true] {
+        let mut p = silent(Opts::default());
+        let mr = p.a.reg(4096, ALL_ACCESS);
+        let (remote_addr, rkey) = (p.b.va(0), p.b.mr.rkey);
+        let (op, wc_op) = if atomic {
+            let add = 1;
+            let op = SendOp::AtomicFetchAndAdd {
+                remote_addr,
+                rkey,
+                add,
+            };
+            (op, WcOpcode::FetchAdd)
+        } else {
+            (SendOp::RdmaRead { remote_addr, rkey }, WcOpcode::RdmaRead)
+        };
+        let dst = Node::sge(&mr, 0, 8);
+        p.post_a(&[SendWr::new(1, op, &[dst])]);
+        assert!(p.flush());
+        p.a.hca.dereg_mr(mr.lkey).unwrap();
+        // Register and deregister in the freed slot until the key byte comes round again.
+        let again = (0..10_000)
+            .find_map(|_| {
+                let m = p.a.reg(4096, AccessFlags::REMOTE_READ);
+                if m.lkey == mr.lkey {
+                    return Some(m);
+                }
                 p.a.hca.dereg_mr(m.lkey).unwrap();
                 None
-            }
-        })
-        .expect("the key byte repeats");
-    assert!(!again.access.contains(AccessFlags::LOCAL_WRITE));
-    let pkt = read_response(&p, RdmaReadResponseOnly, P, &[9; 64]);
-    p.inject_pkt(&pkt);
-    assert_eq!(
-        completions(&mut p),
-        [(1, WcStatus::LocProtErr, WcOpcode::RdmaRead, 0)]
-    );
+            })
+            .expect("the key byte repeats");
+        assert_eq!(again.lkey, mr.lkey);
+        let pkt = if atomic {
+            atomic_ack(&p, P, 5)
+        } else {
+            read_response(&p, RdmaReadResponseOnly, P, &[9; 8])
+        };
+        p.inject_pkt(&pkt);
+        assert_eq!(
+            completions(&mut p),
+            [(1, WcStatus::LocProtErr, wc_op, 0)],
+            "atomic {atomic}"
+        );
+    }
 }

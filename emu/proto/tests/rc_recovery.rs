@@ -20,7 +20,9 @@ use emu_proto::Instant;
 use emu_proto::wire::{
     AethRepr, AtomicAckEthRepr, NakCode, Opcode, PacketRepr, RnrTimer, Syndrome,
 };
-use verbs_api::{AccessFlags, QpState, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use verbs_api::{
+    AccessFlags, QpState, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
 
 use Opcode::*;
 
@@ -152,6 +154,7 @@ fn sequence_nak_resends_from_the_naked_psn_with_the_original_opcodes() {
         ]
     );
     assert_eq!(p.next_deadline(), None, "nothing left to time");
+    assert_eq!(p.a.events(), [], "SQ_DRAINED only in SQD");
 }
 
 /// A sequence NAK for the oldest PSN with `retry_cnt` 0: the retry it asks for is not there,
@@ -670,4 +673,29 @@ fn response_into_a_buffer_that_lost_local_write_fails() {
             "atomic {atomic}"
         );
     }
+}
+
+/// A fenced local operation behind a READ waits for the READ's response before it is carried
+/// out; the response completes the READ only. The operation then runs (here a LOCAL_INV of a
+/// key that names no window: LOC_QP_OP_ERR), in order.
+#[test]
+fn fenced_local_operation_runs_after_the_read_completes() {
+    let mut p = silent(Opts::default());
+    read(&mut p, 1);
+    let inv = SendWr::new(2, SendOp::LocalInv { rkey: 0x0bad_0001 }, &[])
+        .with_flags(SendFlags::SIGNALED | SendFlags::FENCE);
+    p.post_a(&[inv]);
+    assert!(p.flush());
+    assert!(completions(&mut p).is_empty(), "the fence holds it");
+    let pkt = read_response(&p, RdmaReadResponseOnly, P, &[3; MTU as usize]);
+    p.inject_pkt(&pkt);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::RdmaRead, MTU)]
+    );
+    assert!(p.flush());
+    assert_eq!(
+        completions(&mut p),
+        [(2, WcStatus::LocQpOpErr, WcOpcode::LocalInv, 0)]
+    );
 }

@@ -55,13 +55,18 @@ score() {
 
 # The missed mutants of the run in $1 that .cargo/mutants-survivors.md does not list. A
 # survivor is listed by its name without the line and column (`file: replace a with b in f`),
-# so that the list survives edits elsewhere in the file.
+# so that the list survives edits elsewhere in the file, once per surviving instance: the k-th
+# missed mutant of a name needs k entries. `\|` in the table stands for `|`.
 unlisted() {
   [ -f "$1/mutants.out/missed.txt" ] || return 0
-  local name
+  local listed name seen=""
+  listed=$(sed 's/\\|/|/g' "$SURVIVORS" 2>/dev/null || true)
   while IFS= read -r line; do
     name=$(sed -E 's/^([^:]+):[0-9]+:[0-9]+: /\1: /' <<<"$line")
-    grep -qF -- "\`$name\`" "$SURVIVORS" || echo "$line"
+    seen+="$name"$'\n'
+    if [ "$(grep -cxF -- "$name" <<<"$seen")" -gt "$(grep -cF -- "\`$name\`" <<<"$listed")" ]; then
+      echo "$line"
+    fi
   done <"$1/mutants.out/missed.txt"
 }
 

@@ -569,7 +569,7 @@ fn responses_for_a_send_fail_it() {
         let pkt = if atomic {
             atomic_ack(&p, P, 5)
         } else {
-            read_response(&p, RdmaReadResponseOnly, P, &[1; 8])
+            read_response(&p, RdmaReadResponseOnly, P, &[1; MTU as usize])
         };
         p.inject_pkt(&pkt);
         assert_eq!(

@@ -626,8 +626,8 @@ fn rtt_estimate_is_smoothed() {
 }
 
 /// The local buffer of a READ or an atomic whose MR was deregistered while the request was in
-/// flight, and another MR registered since under the same key without LOCAL_WRITE: the response
-/// may not land there (LOC_PROT_ERR), although the key resolves again.
+/// flight, and another MR registered since under the same key and address without LOCAL_WRITE:
+/// the response may not land there (LOC_PROT_ERR), although the key and address resolve again.
 #[test]
 fn response_into_a_buffer_that_lost_local_write_fails() {
     for atomic in [false, true] {
@@ -652,8 +652,13 @@ fn response_into_a_buffer_that_lost_local_write_fails() {
         // Register and deregister in the freed slot until the key byte comes round again.
         let again = (0..10_000)
             .find_map(|_| {
-                let m = p.a.reg(4096, AccessFlags::REMOTE_READ);
+                let pd = p.a.pd;
+                let m =
+                    p.a.hca
+                        .reg_mr(pd, mr.iova, 4096, AccessFlags::REMOTE_READ)
+                        .unwrap();
                 if m.lkey == mr.lkey {
+                    p.a.mem.insert(m.lkey, 4096);
                     return Some(m);
                 }
                 p.a.hca.dereg_mr(m.lkey).unwrap();

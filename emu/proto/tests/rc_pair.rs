@@ -814,7 +814,7 @@ fn trap_05_lost_first_retransmission_draws_a_second_nak() {
     });
     let s = p.a.at(0, 1000);
     p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
-    assert!(run_with_latency(&mut p, Duration::from_micros(10)));
+    assert!(p.run_with_latency(Duration::from_micros(10)));
     let naks: Vec<_> = p.seen(Dir::BtoA).into_iter().filter(Seen::is_nak).collect();
     assert_eq!(naks.len(), 2, "one NAK per round of the gap: {naks:?}");
     assert!(naks.iter().all(|n| n.psn == P + 1));
@@ -843,30 +843,6 @@ fn trap_05_lost_first_retransmission_draws_a_second_nak() {
     assert_eq!((a.rcvd_seq_err, a.timeout_retries), (2, 0));
     assert_eq!(statuses(&p.b.recv_wcs()), [(1, WcStatus::Success)]);
     assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
-}
-
-/// Runs the pair with every datagram taking `hop` on the wire: transmit, let `hop` pass
-/// (firing the timers due), deliver; until nothing moves and no timer is armed.
-fn run_with_latency(p: &mut Pair, hop: Duration) -> bool {
-    for _ in 0..10_000 {
-        let sent = p.transmit();
-        if sent == 0 && p.in_flight() == 0 {
-            match p.next_deadline() {
-                Some(t) => {
-                    p.now = p.now.max(t);
-                    p.fire_timers();
-                    continue;
-                }
-                None => return true,
-            }
-        }
-        p.now += hop;
-        if p.next_deadline().is_some_and(|t| t <= p.now) {
-            p.fire_timers();
-        }
-        p.deliver();
-    }
-    false
 }
 
 /// Issue 19 (lost NAK): the only NAK of a gap is lost. rxe would wait for the ACK timeout;
@@ -1617,15 +1593,6 @@ fn trap_08_responder_enforces_packet_lengths() {
 
 // ---- what must be ignored ----------------------------------------------------------------
 
-/// An ACK built by b's QP for a's (crafted), sealed with a valid ICRC.
-fn crafted_ack(p: &Pair, psn: u32, syndrome: Syndrome) -> common::Pkt {
-    let repr = PacketRepr {
-        aeth: Some(emu_proto::wire::AethRepr { syndrome, msn: 0 }),
-        ..PacketRepr::new(bth(Acknowledge, p.a.qpn, psn, false), &[])
-    };
-    p.craft(Dir::BtoA, &repr)
-}
-
 /// §2.10: an ACK or NAK for a PSN that was never sent ("ghost ACK") is ignored: nothing
 /// completes, nothing is retried, the genuine ACK still completes the WQE later.
 #[test]
@@ -1635,7 +1602,7 @@ fn ghost_ack_is_ignored() {
     p.b.post_recv(1, &[r]);
     // With nothing outstanding.
     for psn in [P, P + 50, P.wrapping_sub(100)] {
-        let pkt = crafted_ack(&p, psn, Syndrome::ACK_UNLIMITED);
+        let pkt = p.crafted_ack(psn, Syndrome::ACK_UNLIMITED);
         p.inject_pkt(&pkt);
     }
     assert!(p.flush());
@@ -1658,7 +1625,7 @@ fn ghost_ack_is_ignored() {
         (P + 1, Syndrome::Nak(NakCode::PsnSequenceError)),
         (P + 1, Syndrome::Nak(NakCode::RemoteAccessError)),
     ] {
-        let pkt = crafted_ack(&p, psn, syn);
+        let pkt = p.crafted_ack(psn, syn);
         p.inject_pkt(&pkt);
     }
     assert!(p.flush());
@@ -1825,7 +1792,7 @@ fn trap_10_foreign_source_and_pkey_are_dropped_silently() {
         p.inject_pkt(&pkt);
     }
     // A CNP to a's QP with a valid ICRC: ignored, not NAKed (§1.3).
-    let mut cnp = crafted_ack(&p, P, Syndrome::ACK_UNLIMITED);
+    let mut cnp = p.crafted_ack(P, Syndrome::ACK_UNLIMITED);
     Packet::new_unchecked(cnp.bytes.as_mut_slice())
         .bth_mut()
         .set_opcode(Opcode::from(0x81));

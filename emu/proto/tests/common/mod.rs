@@ -19,8 +19,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use emu_proto::wire::{
-    AtomicEthRepr, BthRepr, IpAddrs, IpContext, Opcode, Packet, PacketRepr, Psn, RethRepr,
-    SACK_OPCODE, SackPacketRepr, Syndrome, check_icrc, fill_icrc,
+    AethRepr, AtomicEthRepr, BthRepr, IpAddrs, IpContext, Opcode, Packet, PacketRepr, Psn,
+    RethRepr, SACK_OPCODE, SackPacketRepr, Syndrome, check_icrc, fill_icrc,
 };
 use emu_proto::{
     AtomicOp, CqId, Hca, HcaConfig, Instant, MAX_PACKET_LEN, Memory, MemoryFault, MrInfo,
@@ -778,6 +778,16 @@ impl Pair {
         }
     }
 
+    /// An ACKNOWLEDGE (ACK, NAK or RNR NAK, as `syndrome` says) for `psn` from b's QP to a's,
+    /// crafted and sealed: the test plays the responder.
+    pub(crate) fn crafted_ack(&self, psn: u32, syndrome: Syndrome) -> Pkt {
+        let repr = PacketRepr {
+            aeth: Some(AethRepr { syndrome, msn: 0 }),
+            ..PacketRepr::new(bth(Opcode::Acknowledge, self.a.qpn, psn, false), &[])
+        };
+        self.craft(Dir::BtoA, &repr)
+    }
+
     /// Transmit and deliver until nothing moves (no time passes). Returns false if the budget
     /// ran out.
     pub(crate) fn flush(&mut self) -> bool {
@@ -832,6 +842,31 @@ impl Pair {
                     return true;
                 }
             }
+        }
+        false
+    }
+
+    /// Runs the pair with every datagram taking `hop` on the wire: transmit, let `hop` pass
+    /// (firing the timers due), deliver; until nothing moves and no timer is armed. Returns
+    /// false if the step budget ran out.
+    pub(crate) fn run_with_latency(&mut self, hop: Duration) -> bool {
+        for _ in 0..10_000 {
+            let sent = self.transmit();
+            if sent == 0 && self.in_flight() == 0 {
+                match self.next_deadline() {
+                    Some(t) => {
+                        self.now = self.now.max(t);
+                        self.fire_timers();
+                        continue;
+                    }
+                    None => return true,
+                }
+            }
+            self.now += hop;
+            if self.next_deadline().is_some_and(|t| t <= self.now) {
+                self.fire_timers();
+            }
+            self.deliver();
         }
         false
     }

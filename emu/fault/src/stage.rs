@@ -122,9 +122,17 @@ impl<D> Stage<D> {
     ) where
         D: Payload,
     {
-        if let Verdict::Hold { until } = verdict {
-            self.held.push(until, datagram);
-            return;
+        match verdict {
+            Verdict::Hold { until } => {
+                self.held.push(until, datagram);
+                return;
+            }
+            // The common verdict, without the general loop below.
+            Verdict::Deliver { delay } => {
+                self.schedule(now + delay + self.latency, datagram);
+                return;
+            }
+            _ => {}
         }
         let mut deliveries = verdict.deliveries(now);
         let mut original = datagram;

@@ -21,7 +21,6 @@ use verbs_api::{
     WorkCompletion,
 };
 
-use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::config::HcaConfig;
@@ -35,6 +34,7 @@ use crate::srq::SrqEntry;
 use crate::stats::{RxDropCause, Stats};
 use crate::table::Table;
 use crate::time::Instant;
+use crate::timers::TimerIndex;
 use crate::wire::{self, IpContext, Packet, PacketRepr, Psn, check_icrc};
 
 /// An armed CQ got a completion: the driver makes the channel's fd readable and reports `cq`.
@@ -113,8 +113,9 @@ pub struct Hca {
     notifications: VecDeque<Notification>,
     /// QPs that may have a packet to send, each at most once (`rc.queued`).
     ready: VecDeque<u32>,
-    /// Timer index: each QP's earliest deadline.
-    timers: BTreeSet<(Instant, u32)>,
+    /// Timer index: each QP's earliest deadline (lazy deletion: [`Hca::purge_timers`] after
+    /// every change).
+    timers: TimerIndex,
     /// Completions produced by the engine, pushed to CQs after each step.
     wcs: Vec<(CqId, WorkCompletion, bool)>,
     /// [`wire::ipv4_ident_basis`] by UDP payload length, for `foreign_ipv4_ident`.
@@ -172,7 +173,7 @@ impl Hca {
             events: VecDeque::new(),
             notifications: VecDeque::new(),
             ready: VecDeque::new(),
-            timers: BTreeSet::new(),
+            timers: TimerIndex::default(),
             wcs: Vec::new(),
             ident_bases: Vec::new(),
             stats: Stats::default(),
@@ -1040,9 +1041,8 @@ impl Hca {
         crate::mw::unbind_qp(&mut self.mws, qpn);
         // `stats()` sums destroyed QPs too (stats.rs), and no timer may outlive its QP.
         self.stats += qp.rc.stats;
-        if let Some(at) = qp.rc.timer_key {
-            self.timers.remove(&(at, qpn));
-        }
+        // Its timer entry, if any, is dead now that the QP is gone.
+        self.purge_timers();
         tracing::debug!(kind = "verbs.qp", op = "destroy", qp = qpn);
         Ok(())
     }
@@ -1187,7 +1187,12 @@ impl Hca {
     /// Fires every timer due at `now`: RNR waits end, local ACK timeouts retry or fail
     /// (rc-transport.md §3.5–§3.9).
     pub fn handle_timeout(&mut self, now: Instant, mem: &dyn Memory) {
-        while let Some(&(at, qpn)) = self.timers.first() {
+        loop {
+            // Firing may have left dead entries in front (a duplicate of the fired one).
+            self.purge_timers();
+            let Some((at, qpn)) = self.timers.first() else {
+                break;
+            };
             if at > now {
                 break;
             }
@@ -1270,7 +1275,7 @@ impl Hca {
 
     /// The earliest timer deadline of any QP; call [`Hca::handle_timeout`] then.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|(at, _)| *at)
+        self.timers.first().map(|(at, _)| at)
     }
 
     /// Counters of one QP.
@@ -1302,7 +1307,13 @@ impl Hca {
         let mut c = self.clone();
         c.stats = Stats::default();
         c.ident_bases.clear();
-        c.timers = c.timers.iter().map(|&(t, q)| (rebase(t), q)).collect();
+        let live = self
+            .timers
+            .entries()
+            .filter(|&(t, q)| timer_live(&self.qps, t, q))
+            .map(|(t, q)| (rebase(t), q))
+            .collect();
+        c.timers = TimerIndex::from_entries(live);
         for i in 0..u32::try_from(c.qps.capacity()).unwrap_or(u32::MAX) {
             if let Some(qp) = c.qps.get_mut(i) {
                 qp.rc.stats = Stats::default();
@@ -1468,17 +1479,21 @@ impl Hca {
         if want == qp.rc.timer_key {
             return;
         }
-        if let Some(old) = qp.rc.timer_key {
-            self.timers.remove(&(old, qpn));
-        }
         match want {
             Some(new) => {
                 tracing::trace!(kind = "timer.armed", qp = qpn, at = new.as_nanos());
-                self.timers.insert((new, qpn));
+                self.timers.arm(new, qpn);
             }
             None => tracing::trace!(kind = "timer.cancelled", qp = qpn),
         }
         qp.rc.timer_key = want;
+        self.purge_timers();
+    }
+
+    /// Drops dead timer entries from the front of the index (see [`TimerIndex`]).
+    fn purge_timers(&mut self) {
+        let qps = &self.qps;
+        self.timers.purge(|at, qpn| timer_live(qps, at, qpn));
     }
 
     fn check_cqe(&self, cqe: u32) -> Result<()> {
@@ -1675,6 +1690,13 @@ fn receiving_qp<'a>(
         return None;
     }
     Some(qp)
+}
+
+/// True if QP `qpn` exists and its deadline is `at`: its timer entry `(at, qpn)` is live.
+fn timer_live(qps: &Table<Qp>, at: Instant, qpn: u32) -> bool {
+    qpn.checked_sub(FIRST_QPN)
+        .and_then(|i| qps.get(i))
+        .is_some_and(|qp| qp.rc.timer_key == Some(at))
 }
 
 fn saturating_nanos(t: Instant, now: Instant) -> u64 {

@@ -20,6 +20,7 @@ mod srq;
 pub mod stats;
 mod table;
 pub mod time;
+mod timers;
 pub mod trace;
 mod uc;
 mod ud;

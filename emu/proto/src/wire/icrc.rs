@@ -18,6 +18,10 @@
 //! cannot see, the IPv4 identification that rxe and NICs set, [`solve_ipv4_ident`] checks the
 //! ICRC up to that unknown field (§1.8 addendum).
 //!
+//! The CRC of the invariant prefix (`0xFF × 8 ‖ IP header ‖ UDP header`, masked) depends only
+//! on the [`IpContext`] and the UDP payload length; [`compute_icrc`] keeps it in a small
+//! per-thread cache and resumes the CRC from it, so a packet costs the CRC of its BTH onwards.
+//!
 //! Fuzzing: when compiled with `cfg(fuzzing)`, [`check_icrc`] accepts every ICRC so that fuzzers
 //! reach the code behind it. [`compute_icrc`] and [`fill_icrc`] are unaffected.
 
@@ -42,6 +46,13 @@ const BTH_MASKED_BYTE: usize = 4;
 /// Errors: [`WireError::Truncated`] if `udp_payload` is shorter than BTH + ICRC or `headers` is
 /// short, [`WireError::BadIpHeader`] for other IP versions or IPv4 options.
 pub fn icrc_over_headers(headers: &[u8], udp_payload: &[u8]) -> Result<u32, WireError> {
+    check_payload_len(udp_payload)?;
+    let prefix = prefix_crc(headers)?;
+    Ok(crc_from_prefix(prefix, udp_payload))
+}
+
+/// [`WireError::Truncated`] unless `udp_payload` holds at least a BTH and an ICRC.
+fn check_payload_len(udp_payload: &[u8]) -> Result<(), WireError> {
     let min = BTH_LEN + ICRC_LEN;
     if udp_payload.len() < min {
         return Err(WireError::Truncated {
@@ -49,6 +60,12 @@ pub fn icrc_over_headers(headers: &[u8], udp_payload: &[u8]) -> Result<u32, Wire
             have: udp_payload.len(),
         });
     }
+    Ok(())
+}
+
+/// The CRC (as [`Hasher::finalize`] returns it, so that it can be resumed) of the invariant
+/// prefix `0xFF × 8 ‖ masked IP header ‖ masked UDP header`, from the headers on the wire.
+fn prefix_crc(headers: &[u8]) -> Result<u32, WireError> {
     let first = *headers.first().ok_or(WireError::Truncated {
         need: IPV4_HEADER_LEN + UDP_HEADER_LEN,
         have: 0,
@@ -63,10 +80,8 @@ pub fn icrc_over_headers(headers: &[u8], udp_payload: &[u8]) -> Result<u32, Wire
         need: len,
         have: headers.len(),
     })?;
-    // One buffer for the prefix, the masked IP/UDP headers and the masked BTH, so the CRC runs
-    // over two slices only.
-    let mut pseudo = [0xFF; LRH_STAND_IN + MAX_HEADERS_LEN + BTH_LEN];
-    let (ip_udp, rest) = pseudo[LRH_STAND_IN..].split_at_mut(len);
+    let mut pseudo = [0xFF; LRH_STAND_IN + MAX_HEADERS_LEN];
+    let ip_udp = &mut pseudo[LRH_STAND_IN..LRH_STAND_IN + len];
     ip_udp.copy_from_slice(src);
     if ip_len == IPV4_HEADER_LEN {
         ip_udp[1] = 0xFF; // TOS
@@ -78,24 +93,152 @@ pub fn icrc_over_headers(headers: &[u8], udp_payload: &[u8]) -> Result<u32, Wire
         ip_udp[7] = 0xFF; // hop limit
     }
     ip_udp[ip_len + 6..].fill(0xFF); // UDP checksum
-    let bth = &mut rest[..BTH_LEN];
-    bth.copy_from_slice(&udp_payload[..BTH_LEN]);
-    bth[BTH_MASKED_BYTE] = 0xFF; // FECN, BECN, Resv6
-
     let mut h = Hasher::new();
-    h.update(&pseudo[..LRH_STAND_IN + len + BTH_LEN]);
-    h.update(&udp_payload[BTH_LEN..udp_payload.len() - ICRC_LEN]);
+    h.update(&pseudo[..LRH_STAND_IN + len]);
     Ok(h.finalize())
+}
+
+/// Resumes the CRC of the invariant prefix (`prefix`, from [`prefix_crc`]) over the masked
+/// BTH and the rest of `udp_payload` up to its ICRC. `udp_payload` holds at least BTH + ICRC
+/// bytes ([`check_payload_len`]).
+fn crc_from_prefix(prefix: u32, udp_payload: &[u8]) -> u32 {
+    let mut word = [0; 8];
+    word.copy_from_slice(&udp_payload[..8]);
+    word[BTH_MASKED_BYTE] = 0xFF; // FECN, BECN, Resv6
+    let crc = small::word(!prefix, u64::from_le_bytes(word));
+    let rest = &udp_payload[8..udp_payload.len() - ICRC_LEN];
+    if rest.len() < small::LONG {
+        !small::update(crc, rest)
+    } else {
+        let mut h = Hasher::new_with_initial(!crc);
+        h.update(rest);
+        h.finalize()
+    }
+}
+
+/// The same CRC-32 as `crc32fast`, slice-by-8 over a table built at compile time: for the
+/// short runs of a packet (headers, small payloads), where `crc32fast`'s set-up per call costs
+/// more than the bytes. States here are the running register (not inverted).
+mod small {
+    /// From this many bytes on, `crc32fast` (carry-less multiply) is faster.
+    pub(super) const LONG: usize = 128;
+
+    const POLY: u32 = 0xEDB8_8320;
+
+    static TABLE: [[u32; 256]; 8] = table();
+
+    const fn table() -> [[u32; 256]; 8] {
+        let mut t = [[0u32; 256]; 8];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 != 0 { (c >> 1) ^ POLY } else { c >> 1 };
+                k += 1;
+            }
+            t[0][i] = c;
+            i += 1;
+        }
+        let mut j = 1;
+        while j < 8 {
+            let mut i = 0;
+            while i < 256 {
+                let prev = t[j - 1][i];
+                t[j][i] = (prev >> 8) ^ t[0][(prev & 0xFF) as usize];
+                i += 1;
+            }
+            j += 1;
+        }
+        t
+    }
+
+    /// Runs the register `crc` over 8 bytes given as a little-endian word.
+    pub(super) fn word(crc: u32, w: u64) -> u32 {
+        let x = w ^ u64::from(crc);
+        let b = |k: u32| ((x >> (8 * k)) & 0xFF) as usize;
+        TABLE[7][b(0)]
+            ^ TABLE[6][b(1)]
+            ^ TABLE[5][b(2)]
+            ^ TABLE[4][b(3)]
+            ^ TABLE[3][b(4)]
+            ^ TABLE[2][b(5)]
+            ^ TABLE[1][b(6)]
+            ^ TABLE[0][b(7)]
+    }
+
+    /// Runs the register `crc` over `bytes`.
+    pub(super) fn update(mut crc: u32, bytes: &[u8]) -> u32 {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0; 8];
+            w.copy_from_slice(c);
+            crc = word(crc, u64::from_le_bytes(w));
+        }
+        for &b in chunks.remainder() {
+            crc = TABLE[0][((crc ^ u32::from(b)) & 0xFF) as usize] ^ (crc >> 8);
+        }
+        crc
+    }
+}
+
+/// Prefix CRCs remembered per thread, by (context, UDP payload length): a connection's
+/// packets share a handful of lengths, so the IP/UDP headers are rebuilt and hashed once per
+/// (path, length) instead of once per packet. A pure cache: a miss computes the same value.
+mod prefix_cache {
+    use core::cell::Cell;
+
+    use super::IpContext;
+
+    /// Entries kept; replaced round-robin.
+    const SLOTS: usize = 4;
+
+    type Entry = Option<(IpContext, usize, u32)>;
+
+    thread_local! {
+        static SLOT: [Cell<Entry>; SLOTS] = const { [const { Cell::new(None) }; SLOTS] };
+        static NEXT: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// The cached prefix CRC for `ip` and a `len`-byte UDP payload, if any.
+    pub(super) fn get(ip: &IpContext, len: usize) -> Option<u32> {
+        SLOT.with(|slots| {
+            slots.iter().find_map(|slot| match slot.get() {
+                Some((c, l, crc)) if l == len && c == *ip => Some(crc),
+                _ => None,
+            })
+        })
+    }
+
+    /// Remembers `crc` for `ip` and `len`, evicting the oldest entry.
+    pub(super) fn put(ip: &IpContext, len: usize, crc: u32) {
+        let at = NEXT.with(|n| {
+            let at = n.get();
+            n.set((at + 1) % SLOTS);
+            at
+        });
+        SLOT.with(|slots| slots[at].set(Some((*ip, len, crc))));
+    }
 }
 
 /// Computes the ICRC of `udp_payload` (BTH through the ICRC bytes, which are excluded) as sent
 /// with the IP/UDP headers [`IpContext::emit_headers`] produces.
 /// Errors: as [`icrc_over_headers`], plus [`WireError::TooLong`].
 pub fn compute_icrc(ip: &IpContext, udp_payload: &[u8]) -> Result<u32, WireError> {
-    let mut headers = [0; MAX_HEADERS_LEN];
-    // The header checksum is masked by the ICRC: no need to compute it.
-    let n = ip.write_headers(udp_payload.len(), &mut headers, false)?;
-    icrc_over_headers(&headers[..n], udp_payload)
+    check_payload_len(udp_payload)?;
+    let len = udp_payload.len();
+    let prefix = match prefix_cache::get(ip, len) {
+        Some(crc) => crc,
+        None => {
+            let mut headers = [0; MAX_HEADERS_LEN];
+            // The header checksum is masked by the ICRC: no need to compute it.
+            let n = ip.write_headers(len, &mut headers, false)?;
+            let crc = prefix_crc(&headers[..n])?;
+            prefix_cache::put(ip, len, crc);
+            crc
+        }
+    };
+    Ok(crc_from_prefix(prefix, udp_payload))
 }
 
 /// Computes the ICRC and stores it little-endian in the last 4 bytes of `udp_payload`.
@@ -347,6 +490,23 @@ mod tests {
         let v6 = IpContext::v6(Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST, 1);
         assert!(solve_ipv4_ident(&v6, &uc, &basis).is_err());
         assert!(ipv4_ident_basis(3).is_err());
+    }
+
+    #[test]
+    fn small_crc_matches_crc32fast() {
+        let bytes: Vec<u8> = (0..600u32).map(|i| (i * 7 + i / 5) as u8).collect();
+        for len in 0..bytes.len() {
+            let mut h = Hasher::new_with_initial(0x1234_5678);
+            h.update(&bytes[..len]);
+            assert_eq!(!small::update(!0x1234_5678, &bytes[..len]), h.finalize());
+        }
+        for len in [16usize, 17, 20, 40, 135, 136, 137, 500] {
+            let ctx = IpContext::v4(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, 0xC000);
+            let p = &bytes[..len];
+            let mut headers = [0; MAX_HEADERS_LEN];
+            let n = ctx.write_headers(len, &mut headers, true).unwrap();
+            assert_eq!(compute_icrc(&ctx, p), icrc_over_headers(&headers[..n], p));
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::api::{
 use crate::wire::{
     CmMad, CmMessage, DREQ_PRIVATE_DATA, DrepRepr, DreqRepr, MAD_LEN, Mad, MadHeaderRepr, MraRepr,
     MsgTarget, REJ_PRIVATE_DATA, REP_PRIVATE_DATA, REQ_PRIVATE_DATA, RejRepr, RepRepr, ReqPath,
-    ReqRepr, RtuRepr, TransportType, method, status,
+    ReqRepr, RtuRepr, TransportType, attr, method, status,
 };
 
 /// REJ reasons (IBTA table 112) the CM itself sends.
@@ -550,7 +550,7 @@ impl Machine {
                 self.send_answer(id, mad);
             }
             State::RepSent => self.resend_pending(id),
-            State::Idle => self.resend_answer(id),
+            State::Idle => self.resend_answer(id, attr::REJ),
             _ => {}
         }
     }
@@ -602,7 +602,8 @@ impl Machine {
         };
         match conn.state {
             State::ReqSent | State::MraReceived => {}
-            State::Established | State::Idle => return self.resend_answer(id),
+            State::Established => return self.resend_answer(id, attr::RTU),
+            State::Idle => return self.resend_answer(id, attr::REJ),
             _ => return,
         }
         conn.state = State::RepReceived;
@@ -639,24 +640,27 @@ impl Machine {
 
     /// A DREQ: answered with a DREP at once (the CM's, not the user's), the user told, then
     /// timewait; a duplicate DREQ in timewait gets the DREP again.
+    /// A DREQ for no connection of ours (or one out of timewait) gets a DREP too, so a peer
+    /// whose DREP was lost stops resending (the kernel CM does the same).
     fn on_dreq(&mut self, now: Instant, from: MadAddr, tid: u64, dreq: DreqRepr) {
         let id = dreq.remote_comm_id;
-        let Some(conn) = self.matching(from, id, dreq.local_comm_id) else {
-            return;
-        };
-        if conn.remote_id == 0 {
-            return;
-        }
         let drep = DrepRepr {
             local_comm_id: id,
-            remote_comm_id: conn.remote_id,
+            remote_comm_id: dreq.local_comm_id,
             private_data: Vec::new(),
         };
         let mad = CmMad::send(tid, CmMessage::Drep(drep)).emit();
-        match conn.state {
-            State::Established | State::RepSent | State::DreqSent => {}
-            State::TimeWait => return self.tx.push_back((from, mad)),
-            _ => return,
+        let state = match self.conns.get(&id) {
+            None => None,
+            Some(_) => match self.matching(from, id, dreq.local_comm_id) {
+                Some(conn) if conn.remote_id != 0 => Some(conn.state),
+                _ => return,
+            },
+        };
+        match state {
+            Some(State::Established | State::RepSent | State::DreqSent) => {}
+            None | Some(State::TimeWait | State::Idle) => return self.tx.push_back((from, mad)),
+            Some(_) => return,
         }
         self.send_answer(id, mad);
         self.events.push_back(CmEvent::Disconnected {
@@ -747,10 +751,14 @@ impl Machine {
         }
     }
 
-    fn resend_answer(&mut self, id: u32) {
+    /// Sends the kept answer again if it is a `attr_id` message (an RTU for a REP, a REJ
+    /// for what it rejected).
+    fn resend_answer(&mut self, id: u32, attr_id: u16) {
         if let Some(c) = self.conns.get(&id) {
             if let Some(a) = &c.answer {
-                self.tx.push_back((c.remote, a.clone()));
+                if Mad::new_checked(&a[..]).is_ok_and(|m| m.attr_id() == attr_id) {
+                    self.tx.push_back((c.remote, a.clone()));
+                }
             }
         }
     }

@@ -3,9 +3,12 @@
 # against Linux SoftRoCE (rxe0 in the rxe-vm guest, 10.99.0.2), over real RoCEv2 packets.
 #
 #   scripts/rxe-interop.sh [--out DIR] [--sizes "64 1024 4096 10000"] [--ud-sizes "64 512 1024"]
-#                          [--iters N] [--no-capture] [--no-dropin]
+#                          [--iters N] [--no-capture] [--no-dropin] [--cm-only]
 #
 # One VM boot runs, in this order:
+#   (i) host `softverbs cm-probe` (emu-cm on the UDP device's GSI, QP1) sends a REQ for an
+#       rdma_cm service nobody listens on to rxe0's QP1; the guest's kernel CM must answer REJ
+#       reason 8 (invalid service ID)
 #   (a) guest `ibv_rc_pingpong` client  vs host `softverbs pingpong` server, for each size
 #   (b) guest `ibv_rc_pingpong` server  vs host `softverbs pingpong` client, for each size
 #   (c) `softverbs rdma-check` with the host (udp provider) as server and the guest (hw provider,
@@ -33,6 +36,7 @@
 #               which bounds a UD message)
 #   --iters N   pingpong iterations per size (default 200)
 #   --no-dropin skip (g) and (h)
+#   --cm-only   run (i) only
 #   --no-capture  skip the tap capture (DIR/tap.pcap) and check (d); without dumpcap (package
 #               wireshark-common, which tshark pulls in) (d) is skipped with a note
 #
@@ -53,6 +57,7 @@ UD_SIZES="64 512 1024"
 ITERS=200
 PCAP=1
 DROPIN=1
+CM_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift ;;
@@ -61,10 +66,12 @@ while [ $# -gt 0 ]; do
     --no-dropin) DROPIN=0 ;;
     --iters) ITERS=$2; shift ;;
     --no-capture) PCAP=0 ;;
-    *) echo "usage: $0 [--out DIR] [--sizes \"S1 S2 ...\"] [--ud-sizes \"S1 S2 ...\"] [--iters N] [--no-capture] [--no-dropin]" >&2; exit 2 ;;
+    --cm-only) CM_ONLY=1 ;;
+    *) echo "usage: $0 [--out DIR] [--sizes \"S1 S2 ...\"] [--ud-sizes \"S1 S2 ...\"] [--iters N] [--no-capture] [--no-dropin] [--cm-only]" >&2; exit 2 ;;
   esac
   shift
 done
+if [ "$CM_ONLY" = 1 ]; then SIZES="" UD_SIZES="" DROPIN=0 PCAP=0; fi
 for s in $SIZES $UD_SIZES $ITERS; do
   case "$s" in ''|*[!0-9]*) echo "rxe-interop: not a number: $s" >&2; exit 2 ;; esac
 done
@@ -123,6 +130,7 @@ PCAP=$PCAP
 DROPIN=$DROPIN
 LIB_DIR='$LIB_DIR'
 PP_TIMEOUT=$PP_TIMEOUT
+CM_ONLY=$CM_ONLY
 EOF
 cat >>"$host_script" <<'EOF'
 export SOFTVERBS_PROVIDER=udp
@@ -146,6 +154,11 @@ if [ "$PCAP" = 1 ]; then
   cap=$!
   for _ in $(seq 50); do [ -s tap.pcap ] && break; sleep 0.1; done
 fi
+# (i) a REQ from our CM to rxe0's QP1 for an unlistened service: REJ reason 8. The guest's
+# clients of (a) retry meanwhile.
+until [ -e "$RXE_VM_READY" ]; do sleep 0.1; done
+check cm-reject "$BIN" cm-probe --bind "$HOST_IP:4791" --expect-reject 8 --timeout 60 "$GUEST_IP"
+[ "$CM_ONLY" = 0 ] || exit 0
 # (a) the guest's ibv_rc_pingpong connects to us; one server per size, each on its own port.
 i=0
 for s in $SIZES; do
@@ -216,6 +229,7 @@ ITERS=$ITERS
 B=$GUEST_BIN
 PP_TIMEOUT=$PP_TIMEOUT
 CHECK_TIMEOUT=$CHECK_TIMEOUT
+CM_ONLY=$CM_ONLY
 EOF
 cat >>"$guest_script" <<'EOF'
 cd /root
@@ -229,6 +243,11 @@ done
 verdict() { # name rc
   if [ "$2" = 0 ]; then echo "@@GUEST $1 PASS"; else echo "@@GUEST $1 FAIL (exit $2)"; fi
 }
+# (i) the kernel CM (ib_cm) answers on rxe0's QP1 once loaded; the host's REQ retries meanwhile.
+modprobe ib_cm 2>/dev/null
+[ -d /sys/module/ib_cm ]
+verdict cm-reject $?
+if [ "$CM_ONLY" = 1 ]; then sleep 20; echo "guest rxe0 counters:"; counters; exit 0; fi
 # (a) guest client -> host server; retry while the host's server for this size is not listening.
 n=0
 for s in $SIZES; do
@@ -297,7 +316,7 @@ echo "guest rxe0 counters:"; counters
 exit 0
 EOF
 
-say "running (a) guest client / host server, (b) host client / guest server for sizes $SIZES, (c) rdma-check, (e)-(h) UD for sizes $UD_SIZES"
+say "running (i) CM REJ, (a) guest client / host server, (b) host client / guest server for sizes $SIZES, (c) rdma-check, (e)-(h) UD for sizes $UD_SIZES"
 t0=$(date +%s)
 set +e
 (cd "$OUT" && "$RXE_VM" run --timeout "${RXE_VM_TIMEOUT:-600}" --add "$BIN:$GUEST_BIN" \
@@ -308,10 +327,10 @@ say "rxe-vm exit $vm_rc after $(( $(date +%s) - t0 )) s ($(tail -1 "$OUT/rxe-vm.
 
 # ---- verdicts: a check passes when both sides say PASS ----------------------------------------
 tr -d '\r' <"$OUT/rxe.log" >"$OUT/rxe.clean.log"
-checks=""
+checks="cm-reject"
 for s in $SIZES; do checks="$checks pingpong-guest-client-$s"; done
 for s in $SIZES; do checks="$checks pingpong-host-client-$s"; done
-checks="$checks rdma-check"
+[ "$CM_ONLY" = 1 ] || checks="$checks rdma-check"
 for s in $UD_SIZES; do checks="$checks ud-pingpong-guest-client-$s"; done
 for s in $UD_SIZES; do checks="$checks ud-pingpong-host-client-$s"; done
 if [ "$DROPIN" = 1 ]; then

@@ -8,7 +8,8 @@
 # One VM boot runs, in this order:
 #   (i) host `softverbs cm-probe` (emu-cm on the UDP device's GSI, QP1) sends a REQ for an
 #       rdma_cm service nobody listens on to rxe0's QP1; the guest's kernel CM must answer REJ
-#       reason 8 (invalid service ID)
+#       reason 8 (invalid service ID); then a REQ to the guest's `rping -s` (rdma_cm TCP port 7174)
+#       must get the kernel's REP (which cm-probe then rejects): check cm-rep
 #   (a) guest `ibv_rc_pingpong` client  vs host `softverbs pingpong` server, for each size
 #   (b) guest `ibv_rc_pingpong` server  vs host `softverbs pingpong` client, for each size
 #   (c) `softverbs rdma-check` with the host (udp provider) as server and the guest (hw provider,
@@ -158,6 +159,7 @@ fi
 # clients of (a) retry meanwhile.
 until [ -e "$RXE_VM_READY" ]; do sleep 0.1; done
 check cm-reject "$BIN" cm-probe --bind "$HOST_IP:4791" --expect-reject 8 --timeout 60 "$GUEST_IP"
+check cm-rep "$BIN" cm-probe --bind "$HOST_IP:4791" --port 7174 --expect-rep --timeout 60 "$GUEST_IP"
 [ "$CM_ONLY" = 0 ] || exit 0
 # (a) the guest's ibv_rc_pingpong connects to us; one server per size, each on its own port.
 i=0
@@ -247,6 +249,14 @@ verdict() { # name rc
 modprobe ib_cm 2>/dev/null
 [ -d /sys/module/ib_cm ]
 verdict cm-reject $?
+# The listener of cm-rep: rping's server accepts the host's REQ (a REP), then sees the REJ.
+timeout 30 rping -s -a "$GUEST_IP" -p 7174 -C 1 -v >rping.out 2>&1
+rc=$?
+sed 's/^/guest cm-rep: /' rping.out
+# rping's server exits non-zero once the client's REJ aborts the connection: any exit short of
+# the timeout (124) means it listened and answered.
+[ $rc != 124 ]
+verdict cm-rep $?
 if [ "$CM_ONLY" = 1 ]; then sleep 20; echo "guest rxe0 counters:"; counters; exit 0; fi
 # (a) guest client -> host server; retry while the host's server for this size is not listening.
 n=0
@@ -327,7 +337,7 @@ say "rxe-vm exit $vm_rc after $(( $(date +%s) - t0 )) s ($(tail -1 "$OUT/rxe-vm.
 
 # ---- verdicts: a check passes when both sides say PASS ----------------------------------------
 tr -d '\r' <"$OUT/rxe.log" >"$OUT/rxe.clean.log"
-checks="cm-reject"
+checks="cm-reject cm-rep"
 for s in $SIZES; do checks="$checks pingpong-guest-client-$s"; done
 for s in $SIZES; do checks="$checks pingpong-host-client-$s"; done
 [ "$CM_ONLY" = 1 ] || checks="$checks rdma-check"

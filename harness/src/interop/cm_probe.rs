@@ -42,6 +42,10 @@ pub struct CmProbeArgs {
     /// Succeed only on a REJ with this reason (8: invalid service ID).
     #[arg(long, value_name = "REASON")]
     pub expect_reject: Option<u16>,
+    /// Succeed only on a REP (a listener accepted; the REP is then rejected): REJ "invalid
+    /// service ID" means the listener is not up yet, and the REQ is sent again.
+    #[arg(long, conflicts_with = "expect_reject")]
+    pub expect_rep: bool,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 20)]
     pub timeout: u64,
@@ -205,7 +209,8 @@ fn probe(args: &CmProbeArgs) -> Result<String> {
     };
     let start = WallClock::now();
     let now = || Instant::from_nanos(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
-    let id = cm.connect(now(), params).map_err(|e| err("connect", e))?;
+    cm.connect(now(), params.clone())
+        .map_err(|e| err("connect", e))?;
     let deadline = start + Duration::from_secs(args.timeout);
     while WallClock::now() < deadline {
         while let Some((to, mad)) = cm.poll_transmit() {
@@ -214,6 +219,19 @@ fn probe(args: &CmProbeArgs) -> Result<String> {
         gsi.receive(&mut cm, now())?;
         cm.handle_timeout(now());
         while let Some(ev) = cm.poll_event() {
+            let not_yet = matches!(
+                ev,
+                CmEvent::Rejected {
+                    reason: reason::INVALID_SERVICE_ID,
+                    ..
+                }
+            );
+            if args.expect_rep && not_yet {
+                std::thread::sleep(Duration::from_millis(200));
+                cm.connect(now(), params.clone())
+                    .map_err(|e| err("connect", e))?;
+                continue;
+            }
             if let Some(done) = outcome(args, &mut cm, now(), ev) {
                 while let Some((to, mad)) = cm.poll_transmit() {
                     gsi.send(to.qpn, &mad)?;
@@ -223,7 +241,6 @@ fn probe(args: &CmProbeArgs) -> Result<String> {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    let _ = id;
     Err(InteropError::new(format!(
         "no answer within {} s",
         args.timeout
@@ -232,27 +249,31 @@ fn probe(args: &CmProbeArgs) -> Result<String> {
 
 /// The verdict an event gives, if it ends the probe.
 fn outcome(args: &CmProbeArgs, cm: &mut Cm, now: Instant, ev: CmEvent) -> Option<Result<String>> {
-    let line = match ev {
-        CmEvent::Rejected { reason: r, .. } => {
-            let line = format!("REJ reason {r}");
-            return Some(match args.expect_reject {
-                Some(want) if want != r => {
-                    Err(InteropError::new(format!("{line}, expected {want}")))
-                }
-                _ => Ok(line),
-            });
-        }
+    let (line, expected) = match ev {
+        CmEvent::Rejected { reason: r, .. } => (
+            format!("REJ reason {r}"),
+            !args.expect_rep && args.expect_reject.is_none_or(|want| want == r),
+        ),
         CmEvent::RepReceived { id, rep } => {
             let _ = cm.reject(now, id, reason::CONSUMER, &[]);
-            format!("REP from QPN {:#x} (rejected)", rep.remote_qpn)
+            let line = format!(
+                "REP from QPN {:#x}, starting PSN {:#x}, responder resources {}, initiator \
+                 depth {} (rejected)",
+                rep.remote_qpn, rep.starting_psn, rep.responder_resources, rep.initiator_depth
+            );
+            (line, args.expect_reject.is_none())
         }
-        CmEvent::Unreachable { .. } => "unreachable after the CM retries".to_string(),
+        CmEvent::Unreachable { .. } => (
+            "unreachable after the CM retries".to_string(),
+            args.expect_reject.is_none() && !args.expect_rep,
+        ),
         _ => return None,
     };
-    Some(match args.expect_reject {
-        Some(want) => Err(InteropError::new(format!(
-            "{line}, expected REJ reason {want}"
-        ))),
-        None => Ok(line),
+    Some(if expected {
+        Ok(line)
+    } else {
+        Err(InteropError::new(format!(
+            "{line}: not the expected answer"
+        )))
     })
 }

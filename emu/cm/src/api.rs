@@ -35,7 +35,8 @@ pub struct CmConfig {
 pub struct ConnectParams {
     /// The service the peer listens on (rdma_cm: port space and port, see `service_id`).
     pub service_id: u64,
-    /// The peer's GSI.
+    /// The peer's GSI. Its GID must be the one the peer's MADs arrive from (for RoCEv2 over
+    /// IPv4 the IPv4-mapped GID, as the GRH gives it): answers from another GID are dropped.
     pub remote: MadAddr,
     /// The local QP's number.
     pub local_qpn: u32,

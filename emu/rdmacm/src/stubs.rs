@@ -2,7 +2,8 @@
 //!
 //! * multicast (`rdma_join_multicast(_ex)`, `rdma_leave_multicast`), `rdma_notify`,
 //!   `rdma_init_qp_attr`: −1 with `ENOSYS`;
-//! * ECE (`rdma_set_local_ece`, `rdma_get_remote_ece`): −1 with `EOPNOTSUPP`;
+//! * ECE (`rdma_set_local_ece`, `rdma_get_remote_ece`) and `rdma_create_srq_ex`: −1 with
+//!   `EOPNOTSUPP`;
 //!   `rdma_reject_ece` rejects as `rdma_reject` (the ECE is not carried);
 //! * rsockets (`rsocket`, `rbind`, … `riowrite`): −1 with `ENOSYS`. These stubs take no
 //!   parameters on the Rust side: on x86-64 and aarch64 a caller's arguments (including
@@ -69,6 +70,13 @@ pub unsafe extern "C" fn rdma_set_local_ece(_id: *mut rdma_cm_id, _ece: *mut c_v
 /// `rdma_get_remote_ece`: ECE is not supported (−1, `EOPNOTSUPP`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_get_remote_ece(_id: *mut rdma_cm_id, _ece: *mut c_void) -> c_int {
+    fail(libc::EOPNOTSUPP)
+}
+
+/// `rdma_create_srq_ex`: extended SRQs (XRC, tag matching) are not supported (−1,
+/// `EOPNOTSUPP`); `rdma_create_srq` makes a basic SRQ.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdma_create_srq_ex(_id: *mut rdma_cm_id, _attr: *mut c_void) -> c_int {
     fail(libc::EOPNOTSUPP)
 }
 

@@ -30,6 +30,7 @@ use crate::abi::*;
 use crate::addr::{self, CMA_HDR_LEN, MAX_REQ_USER_PRIVATE_DATA};
 use crate::channel::{self, SvEvent};
 use crate::devices::{self, Dev};
+use crate::qp::{Path, qp_to_err};
 use crate::verbs::*;
 use crate::{fail, guard, ret};
 
@@ -85,6 +86,9 @@ pub struct IdState {
     pub ack_timeout: Option<u8>,
     /// `RDMA_OPTION_ID_TOS`.
     pub tos: u8,
+    /// Passive side: the starting PSN of the local QP (chosen with the REQ, so that
+    /// `rdma_init_qp_attr` and `rdma_accept` agree).
+    pub psn: u32,
     /// The send/recv CQs (and channels) were created by `rdma_create_qp`.
     pub own_cqs: bool,
     /// `rdma_create_ep` on a passive id: the QP each `rdma_get_request` id gets.
@@ -205,7 +209,7 @@ pub fn errno_of(e: &CmError) -> i32 {
 }
 
 /// A random 24-bit PSN.
-fn random_psn() -> u32 {
+pub fn random_psn() -> u32 {
     let mut v: u32 = 0;
     // SAFETY: getrandom writes at most 4 bytes into `v`.
     let n = unsafe { libc::getrandom(&mut v as *mut u32 as *mut c_void, 4, 0) };
@@ -515,7 +519,6 @@ fn post(id: usize, ev: Box<SvEvent>) {
 }
 
 fn on_event(s: &mut State, dev: usize, ev: CmEvent) {
-    let now = s.now();
     let id_of = |s: &State, cid: CmId| s.conns.get(&(dev, cid.0)).copied();
     match ev {
         CmEvent::ReqReceived { id, req } => on_req(s, dev, id, req),
@@ -570,7 +573,6 @@ fn on_event(s: &mut State, dev: usize, ev: CmEvent) {
             );
         }
     }
-    let _ = now;
 }
 
 /// A REQ for a listened service: a new id on the listener's channel (or its own, for a
@@ -604,6 +606,7 @@ fn on_req(s: &mut State, dev: usize, cid: CmId, req: ReqInfo) {
             routed: true,
             cm: Some(cid),
             req: Some(req.clone()),
+            psn: random_psn(),
             ..Default::default()
         },
     );
@@ -647,19 +650,7 @@ fn on_rep(s: &mut State, dev: usize, idp: usize, cid: CmId, rep: RepInfo) {
         post(idp, e);
         return;
     }
-    let path = Path {
-        dgid: c.remote.gid,
-        tos,
-        dest_qpn: rep.remote_qpn,
-        rq_psn: rep.starting_psn,
-        sq_psn: c.starting_psn,
-        mtu: c.path_mtu,
-        max_dest_rd_atomic: c.responder_resources,
-        max_rd_atomic: c.initiator_depth.min(rep.responder_resources),
-        timeout: c.local_ack_timeout,
-        retry: c.retry_count,
-        rnr_retry: rep.rnr_retry_count,
-    };
+    let path = Path::active(&c, &rep, tos);
     // SAFETY: the id's live QP.
     match unsafe { path.rtr_rts(qp) } {
         Ok(()) => {
@@ -675,90 +666,6 @@ fn on_rep(s: &mut State, dev: usize, idp: usize, cid: CmId, rep: RepInfo) {
             );
         }
     }
-}
-
-/// The negotiated values a connected QP's RTR and RTS transitions take.
-struct Path {
-    dgid: [u8; 16],
-    tos: u8,
-    dest_qpn: u32,
-    rq_psn: u32,
-    sq_psn: u32,
-    mtu: u8,
-    max_dest_rd_atomic: u8,
-    max_rd_atomic: u8,
-    timeout: u8,
-    retry: u8,
-    rnr_retry: u8,
-}
-
-impl Path {
-    /// INIT → RTR → RTS.
-    ///
-    /// # Safety
-    /// `qp` is a live QP in INIT.
-    unsafe fn rtr_rts(&self, qp: *mut ibv_qp) -> Result<(), i32> {
-        let mut a = ibv_qp_attr {
-            qp_state: IBV_QPS_RTR,
-            path_mtu: u32::from(self.mtu),
-            dest_qp_num: self.dest_qpn,
-            rq_psn: self.rq_psn,
-            max_dest_rd_atomic: self.max_dest_rd_atomic,
-            min_rnr_timer: 12,
-            ..Default::default()
-        };
-        a.ah_attr.is_global = 1;
-        a.ah_attr.port_num = 1;
-        a.ah_attr.grh.dgid.raw = self.dgid;
-        a.ah_attr.grh.hop_limit = 64;
-        a.ah_attr.grh.traffic_class = self.tos;
-        let mask = IBV_QP_STATE
-            | IBV_QP_AV
-            | IBV_QP_PATH_MTU
-            | IBV_QP_DEST_QPN
-            | IBV_QP_RQ_PSN
-            | IBV_QP_MAX_DEST_RD_ATOMIC
-            | IBV_QP_MIN_RNR_TIMER;
-        // SAFETY: the caller's live QP.
-        let r = unsafe { ibv_modify_qp(qp, &mut a, mask) };
-        if r != 0 {
-            return Err(r);
-        }
-        let mut b = ibv_qp_attr {
-            qp_state: IBV_QPS_RTS,
-            sq_psn: self.sq_psn,
-            timeout: self.timeout,
-            retry_cnt: self.retry,
-            rnr_retry: self.rnr_retry,
-            max_rd_atomic: self.max_rd_atomic,
-            ..Default::default()
-        };
-        let mask = IBV_QP_STATE
-            | IBV_QP_SQ_PSN
-            | IBV_QP_TIMEOUT
-            | IBV_QP_RETRY_CNT
-            | IBV_QP_RNR_RETRY
-            | IBV_QP_MAX_QP_RD_ATOMIC;
-        // SAFETY: as above.
-        let r = unsafe { ibv_modify_qp(qp, &mut b, mask) };
-        if r != 0 { Err(r) } else { Ok(()) }
-    }
-}
-
-/// Moves `qp` (if any) to ERR, flushing its work requests, as rdma_cm does on disconnect.
-///
-/// # Safety
-/// `qp` is NULL or a live QP.
-pub unsafe fn qp_to_err(qp: *mut ibv_qp) {
-    if qp.is_null() {
-        return;
-    }
-    let mut a = ibv_qp_attr {
-        qp_state: IBV_QPS_ERR,
-        ..Default::default()
-    };
-    // SAFETY: the caller's live QP.
-    unsafe { ibv_modify_qp(qp, &mut a, IBV_QP_STATE) };
 }
 
 /// # Safety
@@ -862,7 +769,7 @@ unsafe fn connect(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Resul
     let (Some(dev), true, None) = (st.dev, st.routed, st.cm) else {
         return Err(libc::EINVAL);
     };
-    let (sync, tos, ack) = (st.sync, st.tos, st.ack_timeout);
+    let (sync, ack) = (st.sync, st.ack_timeout);
     let d = devices::dev(dev).ok_or(libc::ENODEV)?;
     // SAFETY: per the contract.
     let (qp, qpt, ps, src, dst, dgid) = unsafe {
@@ -914,7 +821,6 @@ unsafe fn connect(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Resul
         max_cm_retries: MAX_CM_RETRIES,
         private_data: pd,
     };
-    let _ = tos;
     ensure_cm(&mut s, dev)?;
     let dc = s.cms.get_mut(&dev).ok_or(libc::ENODEV)?;
     let cid = dc
@@ -955,15 +861,9 @@ unsafe fn accept(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Result
     let (Some(dev), Some(cid), Some(req)) = (st.dev, st.cm, st.req.clone()) else {
         return Err(libc::EINVAL);
     };
-    let (sync, tos) = (st.sync, st.tos);
+    let (sync, tos, psn) = (st.sync, st.tos, st.psn);
     let d = devices::dev(dev).ok_or(libc::ENODEV)?;
-    let resp = param
-        .map_or(req.initiator_depth, |p| p.responder_resources)
-        .min(d.max_rd_atom);
-    let init = param
-        .map_or(req.responder_resources, |p| p.initiator_depth)
-        .min(req.responder_resources)
-        .min(d.max_init_rd_atom);
+    let (resp, init) = passive_rd_atomic(&req, d, param);
     // SAFETY: the caller's private data of the length it gives.
     let pd = param.map_or(&[][..], |p| unsafe {
         bytes(p.private_data, p.private_data_len.into())
@@ -971,25 +871,12 @@ unsafe fn accept(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Result
     if pd.len() > MAX_REP_PRIVATE_DATA {
         return Err(libc::EINVAL);
     }
-    let psn = random_psn();
     // SAFETY: per the contract.
     let qp = unsafe { (*id).qp };
     let qpn = if qp.is_null() {
         param.map_or(0, |p| p.qp_num)
     } else {
-        let path = Path {
-            dgid: req.remote.gid,
-            tos,
-            dest_qpn: req.remote_qpn,
-            rq_psn: req.starting_psn,
-            sq_psn: psn,
-            mtu: req.path_mtu.min(d.active_mtu),
-            max_dest_rd_atomic: resp,
-            max_rd_atomic: init,
-            timeout: req.local_ack_timeout,
-            retry: req.retry_count,
-            rnr_retry: req.rnr_retry_count,
-        };
+        let path = Path::passive(&req, d, resp, init, psn, tos);
         // SAFETY: the id's live QP, in INIT since rdma_create_qp.
         unsafe { path.rtr_rts(qp) }?;
         // SAFETY: as above.
@@ -1009,6 +896,19 @@ unsafe fn accept(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Result
     drop(s);
     // SAFETY: per the contract.
     unsafe { sync_wait(id, sync, RDMA_CM_EVENT_ESTABLISHED) }
+}
+
+/// The passive side's (responder resources, initiator depth): the accept's values (NULL
+/// parameters: the REQ's, seen from this side), capped by the REQ and the device.
+pub fn passive_rd_atomic(req: &ReqInfo, d: &Dev, param: Option<&rdma_conn_param>) -> (u8, u8) {
+    let resp = param
+        .map_or(req.initiator_depth, |p| p.responder_resources)
+        .min(d.max_rd_atom);
+    let init = param
+        .map_or(req.responder_resources, |p| p.initiator_depth)
+        .min(req.responder_resources)
+        .min(d.max_init_rd_atom);
+    (resp, init)
 }
 
 /// Runs `f` on the CM of `id`'s connection, then pumps.

@@ -499,51 +499,6 @@ unsafe fn make_cqs(id: &mut rdma_cm_id, attr: &mut ibv_qp_init_attr) -> Result<b
     Ok(made)
 }
 
-/// Moves a new QP to INIT (RC/UC: port 1, P_Key index 0, remote READ/WRITE/atomic access) or,
-/// for UD, through INIT (Q_Key `RDMA_UDP_QKEY`) and RTR to RTS, as librdmacm leaves them.
-///
-/// # Safety
-/// `qp` is a live QP in RESET.
-unsafe fn init_qp(qp: *mut ibv_qp) -> Result<(), i32> {
-    // SAFETY: per the contract.
-    let ud = unsafe { (*qp).qp_type } == IBV_QPT_UD;
-    let mut a = ibv_qp_attr {
-        qp_state: IBV_QPS_INIT,
-        port_num: 1,
-        ..Default::default()
-    };
-    let mut mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
-    if ud {
-        a.qkey = RDMA_UDP_QKEY;
-        mask |= IBV_QP_QKEY;
-    } else {
-        a.qp_access_flags = (IBV_ACCESS_LOCAL_WRITE
-            | IBV_ACCESS_REMOTE_WRITE
-            | IBV_ACCESS_REMOTE_READ
-            | IBV_ACCESS_REMOTE_ATOMIC) as u32;
-        mask |= IBV_QP_ACCESS_FLAGS;
-    }
-    // SAFETY: per the contract.
-    let r = unsafe { ibv_modify_qp(qp, &mut a, mask) };
-    if r != 0 {
-        return Err(r);
-    }
-    if ud {
-        for (state, extra) in [(IBV_QPS_RTR, 0), (IBV_QPS_RTS, IBV_QP_SQ_PSN)] {
-            let mut a = ibv_qp_attr {
-                qp_state: state,
-                ..Default::default()
-            };
-            // SAFETY: per the contract.
-            let r = unsafe { ibv_modify_qp(qp, &mut a, IBV_QP_STATE | extra) };
-            if r != 0 {
-                return Err(r);
-            }
-        }
-    }
-    Ok(())
-}
-
 /// `rdma_create_qp`: a QP on the id's device (PD: `pd`, else the id's, else the device's
 /// default; missing CQs are created with completion channels), left in INIT (RC/UC) or RTS
 /// (UD). `EINVAL` before the id has a device or for NULL attributes.
@@ -593,7 +548,7 @@ unsafe fn create_qp(
         return Err(last_errno());
     }
     // SAFETY: the new QP, in RESET.
-    if let Err(e) = unsafe { init_qp(qp) } {
+    if let Err(e) = unsafe { crate::qp::init_qp(qp) } {
         // SAFETY: as above.
         unsafe { ibv_destroy_qp(qp) };
         return Err(e);

@@ -19,6 +19,8 @@
 //! * [`agent`]: the CM agent — one thread per process that drives each device's `emu_cm::Cm`
 //!   through the device's GSI QP — and the connection calls (`rdma_connect`, `rdma_listen`,
 //!   `rdma_accept`, `rdma_reject`, `rdma_disconnect`, `rdma_establish`, `rdma_get_request`).
+//! * [`qp`]: the QP attributes rdma_cm applies (INIT, RTR/RTS with the negotiated values, ERR)
+//!   and `rdma_init_qp_attr`, which hands them to programs that move their own QPs.
 //! * [`stubs`]: exported calls softverbs does not implement (multicast, ECE, rsockets): they
 //!   fail with an errno, never crash.
 //!
@@ -33,6 +35,7 @@ pub mod agent;
 pub mod channel;
 pub mod devices;
 pub mod id;
+pub mod qp;
 pub mod stubs;
 pub mod verbs;
 

@@ -1,7 +1,7 @@
 //! Exported calls softverbs does not implement: each fails with an errno, never crashes.
 //!
-//! * multicast (`rdma_join_multicast(_ex)`, `rdma_leave_multicast`), `rdma_notify`,
-//!   `rdma_init_qp_attr`: −1 with `ENOSYS`;
+//! * multicast (`rdma_join_multicast(_ex)`, `rdma_leave_multicast`), `rdma_notify`: −1 with
+//!   `ENOSYS`;
 //! * ECE (`rdma_set_local_ece`, `rdma_get_remote_ece`) and `rdma_create_srq_ex`: −1 with
 //!   `EOPNOTSUPP`;
 //!   `rdma_reject_ece` rejects as `rdma_reject` (the ECE is not carried);
@@ -31,7 +31,6 @@ enosys!(
     rdma_join_multicast_ex,
     rdma_leave_multicast,
     rdma_notify,
-    rdma_init_qp_attr,
     raccept,
     rbind,
     rclose,

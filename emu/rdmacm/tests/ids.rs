@@ -216,6 +216,37 @@ fn synchronous_endpoint_resolves_without_a_channel() {
 }
 
 #[test]
+fn init_qp_attr_gives_init_now_and_rtr_only_after_the_peer_answered() {
+    let ch = unsafe { rdma_create_event_channel() };
+    let id = resolved(ch);
+    let mut a = ibv_qp_attr {
+        qp_state: 1,
+        ..Default::default()
+    };
+    let mut mask = 0;
+    unsafe {
+        assert_eq!(
+            softverbs_rdmacm::qp::rdma_init_qp_attr(id, &mut a, &mut mask),
+            0
+        );
+        assert_eq!((a.qp_state, a.port_num, a.qp_access_flags), (1, 1, 15));
+        assert_eq!(
+            mask,
+            1 | 8 | 16 | 32,
+            "STATE | ACCESS_FLAGS | PKEY_INDEX | PORT"
+        );
+        a.qp_state = 2;
+        assert_eq!(
+            softverbs_rdmacm::qp::rdma_init_qp_attr(id, &mut a, &mut mask),
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(rdma_destroy_id(id), 0);
+        rdma_destroy_event_channel(ch);
+    }
+}
+
+#[test]
 fn event_strings_are_librdmacm_s() {
     let s = |e| {
         unsafe { CStr::from_ptr(rdma_event_str(e)) }

@@ -1009,3 +1009,100 @@ pub unsafe extern "C" fn rdma_get_request(
         0
     })
 }
+
+#[cfg(test)]
+mod gsi_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use softverbs_ibverbs as _;
+
+    use super::*;
+
+    /// A stand-in for libibverbs' `softverbs_open_gsi`: an ordinary UD QP with the GSI's
+    /// Q_Key, in RTS (its number is not 1, so the test addresses it by number).
+    unsafe extern "C" fn fake_gsi(
+        pd: *mut ibv_pd,
+        send_cq: *mut ibv_cq,
+        recv_cq: *mut ibv_cq,
+        max_send_wr: u32,
+        max_recv_wr: u32,
+    ) -> *mut ibv_qp {
+        let mut attr = ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq,
+            recv_cq,
+            srq: std::ptr::null_mut(),
+            cap: ibv_qp_cap {
+                max_send_wr,
+                max_recv_wr,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: IBV_QPT_UD,
+            sq_sig_all: 0,
+        };
+        // SAFETY: the caller's PD and CQs.
+        unsafe {
+            let qp = ibv_create_qp(pd, &mut attr);
+            let mut a = ibv_qp_attr {
+                qp_state: IBV_QPS_INIT,
+                port_num: 1,
+                qkey: GSI_QKEY,
+                ..Default::default()
+            };
+            let m = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+            assert_eq!(ibv_modify_qp(qp, &mut a, m), 0);
+            a.qp_state = IBV_QPS_RTR;
+            assert_eq!(ibv_modify_qp(qp, &mut a, IBV_QP_STATE), 0);
+            a.qp_state = IBV_QPS_RTS;
+            assert_eq!(ibv_modify_qp(qp, &mut a, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+            qp
+        }
+    }
+
+    /// A MAD sent from one device's GSI arrives at the other's with the sender's GID (from
+    /// the GRH) and QP, byte for byte; the send slot comes back with the completion.
+    #[test]
+    fn a_mad_crosses_between_two_gsis_with_its_source_gid() {
+        // SAFETY: this test binary's only device user sets the variable before opening them.
+        unsafe { std::env::set_var(devices::UDP_ADDRS_ENV, "127.0.73.1:4791,127.0.73.2:4791") };
+        let devs = devices::devices(None);
+        assert_eq!(devs.len(), 2);
+        // SAFETY: the devices' open contexts; the fake opener has OpenGsiFn's signature.
+        let (mut a, mut b) = unsafe {
+            (
+                Gsi::open(&devs[0], fake_gsi).unwrap(),
+                Gsi::open(&devs[1], fake_gsi).unwrap(),
+            )
+        };
+        // SAFETY: live QPs.
+        let (qa, qb) = unsafe { ((*a.qp).qp_num, (*b.qp).qp_num) };
+        let mad: Vec<u8> = (0..MAD_LEN).map(|i| i as u8).collect();
+        a.send(
+            MadAddr {
+                gid: devs[1].gid,
+                qpn: qb,
+            },
+            &mad,
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut got = Vec::new();
+        while got.is_empty() || a.free_send.len() < SEND_SLOTS {
+            assert!(std::time::Instant::now() < deadline, "no MAD after 5 s");
+            got.extend(b.poll());
+            a.poll();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(got.len(), 1);
+        let (from, body) = &got[0];
+        assert_eq!(
+            *from,
+            MadAddr {
+                gid: devs[0].gid,
+                qpn: qa
+            }
+        );
+        assert_eq!(body, &mad);
+    }
+}

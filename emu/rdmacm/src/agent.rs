@@ -228,7 +228,12 @@ fn ensure_cm(s: &mut State, dev: usize) -> Result<(), i32> {
         return Ok(());
     }
     let d = devices::dev(dev).ok_or(libc::ENODEV)?;
-    let open = open_gsi_fn().ok_or(libc::ENODEV)?;
+    let Some(open) = open_gsi_fn() else {
+        crate::debug(|| {
+            "the loaded libibverbs.so.1 does not export softverbs_open_gsi: no CM (ENODEV)".into()
+        });
+        return Err(libc::ENODEV);
+    };
     // SAFETY: an open context of this process; the GSI's objects live as long as the process.
     let gsi = unsafe { Gsi::open(d, open) }?;
     let guid = u64::from_be_bytes([

@@ -214,8 +214,11 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
         // SAFETY: an event of this library (boxed SvEvent, public part first).
         let ev = unsafe { Box::from_raw(event as *mut SvEvent) };
         let id = ev.ev.id;
-        // SAFETY: the event's id is live while its events are unacknowledged.
-        if !id.is_null() && unsafe { (*id).event } == event {
+        // The id may be destroyed already (rdma-core would have waited for this ack): clear
+        // its `event` only while it is live.
+        let live = !id.is_null() && crate::agent::lock().ids.contains_key(&(id as usize));
+        // SAFETY: a live id of this library.
+        if live && unsafe { (*id).event } == event {
             // SAFETY: as above.
             unsafe { (*id).event = std::ptr::null_mut() };
         }

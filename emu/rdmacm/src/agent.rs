@@ -1023,6 +1023,18 @@ mod gsi_tests {
 
     use super::*;
 
+    /// The two devices of this test binary (127.0.73.1 and .2).
+    pub(super) fn test_devices() -> &'static [Dev] {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: set once, before this test binary opens its devices.
+        ONCE.call_once(|| unsafe {
+            std::env::set_var(devices::UDP_ADDRS_ENV, "127.0.73.1:4791,127.0.73.2:4791")
+        });
+        let devs = devices::devices(None);
+        assert_eq!(devs.len(), 2);
+        devs
+    }
+
     /// A stand-in for libibverbs' `softverbs_open_gsi`: an ordinary UD QP with the GSI's
     /// Q_Key, in RTS (its number is not 1, so the test addresses it by number).
     unsafe extern "C" fn fake_gsi(
@@ -1070,10 +1082,7 @@ mod gsi_tests {
     /// the GRH) and QP, byte for byte; the send slot comes back with the completion.
     #[test]
     fn a_mad_crosses_between_two_gsis_with_its_source_gid() {
-        // SAFETY: this test binary's only device user sets the variable before opening them.
-        unsafe { std::env::set_var(devices::UDP_ADDRS_ENV, "127.0.73.1:4791,127.0.73.2:4791") };
-        let devs = devices::devices(None);
-        assert_eq!(devs.len(), 2);
+        let devs = test_devices();
         // SAFETY: the devices' open contexts; the fake opener has OpenGsiFn's signature.
         let (mut a, mut b) = unsafe {
             (
@@ -1109,5 +1118,244 @@ mod gsi_tests {
             }
         );
         assert_eq!(body, &mad);
+    }
+}
+
+#[cfg(test)]
+mod event_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::net::Ipv4Addr;
+
+    use super::gsi_tests::test_devices;
+    use super::*;
+
+    fn readable(ch: *mut rdma_event_channel) -> bool {
+        // SAFETY: a live channel of this test.
+        let fd = unsafe { (*ch).fd };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    fn next(ch: *mut rdma_event_channel) -> Box<SvEvent> {
+        assert!(readable(ch));
+        // SAFETY: a live channel.
+        unsafe { channel::next_event(ch) }.unwrap()
+    }
+
+    fn pd_of(ev: &SvEvent) -> Vec<u8> {
+        // SAFETY: every event's param is a conn param here.
+        let c = unsafe { ev.ev.param.conn };
+        ev.private_data[..c.private_data_len as usize].to_vec()
+    }
+
+    /// The agent's translation of CM events into rdma_cm events, from a REQ on a listener of
+    /// device 1 to the connection's end (the CM itself is not involved).
+    #[test]
+    fn cm_events_become_rdma_cm_events_on_the_right_ids() {
+        let devs = test_devices();
+        let ch = channel::new_channel().unwrap() as *mut rdma_event_channel;
+        let service = emu_cm::service_id(RDMA_PS_TCP as u16, 7400);
+        let l = crate::id::new_id(ch, 0x5a as *mut c_void, RDMA_PS_TCP, IBV_QPT_RC as c_int);
+        let src = SocketAddrV4::new(Ipv4Addr::new(127, 0, 73, 1), 5555);
+        let dst = SocketAddrV4::new(Ipv4Addr::new(127, 0, 73, 2), 7400);
+        let mut pd = addr::cma_header(src, dst).to_vec();
+        pd.extend_from_slice(b"hi");
+        pd.resize(92, 0);
+        let req = ReqInfo {
+            service_id: service,
+            remote: MadAddr {
+                gid: devs[0].gid,
+                qpn: 1,
+            },
+            remote_qpn: 77,
+            starting_psn: 5,
+            reliable: true,
+            responder_resources: 3,
+            initiator_depth: 2,
+            path_mtu: 5,
+            retry_count: 6,
+            rnr_retry_count: 7,
+            local_ack_timeout: 14,
+            private_data: pd,
+        };
+        let mut s = lock();
+        s.ids.insert(
+            l as usize,
+            IdState {
+                dev: Some(1),
+                bound: true,
+                listen: Some(service),
+                ..Default::default()
+            },
+        );
+        s.listeners.insert((1, service), l as usize);
+        on_event(
+            &mut s,
+            1,
+            CmEvent::ReqReceived {
+                id: CmId(9),
+                req: req.clone(),
+            },
+        );
+        // A REQ for a service nobody listens on here, or without a CMA header, makes no id
+        // (the CM is told to reject it).
+        let elsewhere = ReqInfo {
+            service_id: service + 1,
+            ..req.clone()
+        };
+        on_event(
+            &mut s,
+            1,
+            CmEvent::ReqReceived {
+                id: CmId(11),
+                req: elsewhere,
+            },
+        );
+        let headless = ReqInfo {
+            private_data: vec![0xff; 92],
+            ..req
+        };
+        on_event(
+            &mut s,
+            1,
+            CmEvent::ReqReceived {
+                id: CmId(12),
+                req: headless,
+            },
+        );
+        assert!(!s.conns.contains_key(&(1, 11)) && !s.conns.contains_key(&(1, 12)));
+        drop(s);
+
+        let ev = next(ch);
+        assert_eq!(
+            (ev.ev.event, ev.ev.status, ev.ev.listen_id),
+            (RDMA_CM_EVENT_CONNECT_REQUEST, 0, l)
+        );
+        // SAFETY: the event's param is a conn param.
+        let c = unsafe { ev.ev.param.conn };
+        assert_eq!(
+            (c.responder_resources, c.initiator_depth),
+            (2, 3),
+            "seen from the passive side"
+        );
+        assert_eq!((c.retry_count, c.rnr_retry_count, c.qp_num), (6, 7, 77));
+        let user = pd_of(&ev);
+        assert_eq!(user.len(), 92 - addr::CMA_HDR_LEN);
+        assert_eq!(&user[..2], b"hi");
+        let child = ev.ev.id;
+        assert_ne!(child, l);
+        // SAFETY: the new id the agent made.
+        unsafe {
+            assert_eq!((*child).verbs, devs[1].ctx());
+            assert_eq!((*child).context, 0x5a as *mut c_void);
+            assert_eq!(addr::load(&(*child).route.addr.src_storage), Some(dst));
+            assert_eq!(addr::load(&(*child).route.addr.dst_storage), Some(src));
+            assert_eq!((*child).route.addr.ibaddr.dgid.raw, devs[0].gid);
+            assert_eq!((*(*child).route.path_rec).dgid.raw, devs[0].gid);
+        }
+
+        let mut s = lock();
+        let rej = CmEvent::Rejected {
+            id: CmId(9),
+            reason: 28,
+            private_data: b"no".to_vec(),
+        };
+        on_event(&mut s, 1, rej);
+        on_event(&mut s, 1, CmEvent::Established { id: CmId(9) });
+        on_event(
+            &mut s,
+            1,
+            CmEvent::Disconnected {
+                id: CmId(9),
+                private_data: vec![],
+            },
+        );
+        on_event(&mut s, 1, CmEvent::Unreachable { id: CmId(9) });
+        on_event(&mut s, 1, CmEvent::TimewaitExit { id: CmId(9) });
+        // Events of connections this library does not know are dropped.
+        on_event(&mut s, 0, CmEvent::Established { id: CmId(9) });
+        on_event(&mut s, 1, CmEvent::Established { id: CmId(10) });
+        drop(s);
+        let kinds: Vec<_> = (0..5)
+            .map(|_| {
+                let e = next(ch);
+                assert_eq!(e.ev.id, child);
+                (e.ev.event, e.ev.status, pd_of(&e))
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (RDMA_CM_EVENT_REJECTED, 28, b"no".to_vec()),
+                (RDMA_CM_EVENT_ESTABLISHED, 0, vec![]),
+                (RDMA_CM_EVENT_DISCONNECTED, 0, vec![]),
+                (RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT, vec![]),
+                (RDMA_CM_EVENT_TIMEWAIT_EXIT, 0, vec![]),
+            ]
+        );
+        assert!(!readable(ch));
+        let mut s = lock();
+        s.forget(child as usize);
+        s.forget(l as usize);
+        assert!(!s.listeners.contains_key(&(1, service)));
+        drop(s);
+        // SAFETY: ids and channel of this test, no longer referenced.
+        unsafe {
+            drop(Box::from_raw(child));
+            drop(Box::from_raw(l));
+            channel::free_channel(ch);
+        }
+    }
+
+    /// The active side's ESTABLISHED carries the REP's private data and parameters, seen from
+    /// this side.
+    #[test]
+    fn active_established_carries_the_rep() {
+        let devs = test_devices();
+        let ch = channel::new_channel().unwrap() as *mut rdma_event_channel;
+        let id = crate::id::new_id(ch, std::ptr::null_mut(), RDMA_PS_TCP, IBV_QPT_RC as c_int);
+        let rep = RepInfo {
+            remote_qpn: 88,
+            starting_psn: 1,
+            responder_resources: 4,
+            initiator_depth: 1,
+            rnr_retry_count: 5,
+            private_data: b"welcome".to_vec(),
+        };
+        let mut s = lock();
+        s.ids.insert(
+            id as usize,
+            IdState {
+                dev: Some(0),
+                cm: Some(CmId(3)),
+                rep: Some(rep),
+                ..Default::default()
+            },
+        );
+        s.conns.insert((0, 3), id as usize);
+        on_event(&mut s, 0, CmEvent::Established { id: CmId(3) });
+        drop(s);
+        let e = next(ch);
+        // SAFETY: the event's param is a conn param.
+        let c = unsafe { e.ev.param.conn };
+        assert_eq!(
+            (e.ev.event, c.responder_resources, c.initiator_depth),
+            (RDMA_CM_EVENT_ESTABLISHED, 1, 4)
+        );
+        assert_eq!((c.rnr_retry_count, c.qp_num), (5, 88));
+        assert_eq!(pd_of(&e), b"welcome");
+        let _ = devs;
+        lock().forget(id as usize);
+        // SAFETY: the id and channel of this test.
+        unsafe {
+            drop(Box::from_raw(id));
+            channel::free_channel(ch);
+        }
     }
 }

@@ -1037,7 +1037,7 @@ mod gsi_tests {
 
     /// A stand-in for libibverbs' `softverbs_open_gsi`: an ordinary UD QP with the GSI's
     /// Q_Key, in RTS (its number is not 1, so the test addresses it by number).
-    unsafe extern "C" fn fake_gsi(
+    pub(super) unsafe extern "C" fn fake_gsi(
         pd: *mut ibv_pd,
         send_cq: *mut ibv_cq,
         recv_cq: *mut ibv_cq,
@@ -1357,5 +1357,185 @@ mod event_tests {
             drop(Box::from_raw(id));
             channel::free_channel(ch);
         }
+    }
+}
+
+#[cfg(test)]
+mod qp_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use ibverbs_sys::ibv_qp_init_attr;
+
+    use super::gsi_tests::{fake_gsi, test_devices};
+    use super::*;
+
+    /// Gives device `dev` a CM and a stand-in GSI (no agent thread).
+    fn with_cm(s: &mut State, dev: usize) {
+        if s.cms.contains_key(&dev) {
+            return;
+        }
+        let d = devices::dev(dev).unwrap();
+        // SAFETY: the device's open context; the stand-in has OpenGsiFn's signature.
+        let gsi = unsafe { Gsi::open(d, fake_gsi) }.unwrap();
+        let cm = Cm::new(CmConfig {
+            local_gid: d.gid,
+            ca_guid: 1,
+            seed: 1,
+        });
+        s.cms.insert(dev, DevCm { cm, gsi });
+    }
+
+    /// An id on device `dev` routed to the other device, with an RC QP in INIT.
+    fn routed_id(dev: usize, st: IdState) -> *mut rdma_cm_id {
+        let devs = test_devices();
+        let ch = channel::new_channel().unwrap() as *mut rdma_event_channel;
+        let id = crate::id::new_id(ch, std::ptr::null_mut(), RDMA_PS_TCP, IBV_QPT_RC as c_int);
+        let me = SocketAddrV4::new(devs[dev].ip, 7500);
+        let peer = SocketAddrV4::new(devs[1 - dev].ip, 7501);
+        // SAFETY: the new id.
+        unsafe { crate::id::set_route(id, &devs[dev], me, peer, devs[1 - dev].gid) };
+        lock().ids.insert(id as usize, st);
+        // SAFETY: all-zero init attributes are valid; the id has a device.
+        let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.cap.max_send_wr = 2;
+        attr.cap.max_recv_wr = 2;
+        attr.cap.max_send_sge = 1;
+        attr.cap.max_recv_sge = 1;
+        attr.qp_type = IBV_QPT_RC;
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { crate::id::rdma_create_qp(id, std::ptr::null_mut(), &mut attr) },
+            0
+        );
+        id
+    }
+
+    fn query(id: *mut rdma_cm_id) -> ibv_qp_attr {
+        let mut a = ibv_qp_attr::default();
+        // SAFETY: all-zero init attributes are valid; the id's live QP.
+        unsafe {
+            let mut init: ibv_qp_init_attr = std::mem::zeroed();
+            let mask = 0x1f_ffff;
+            assert_eq!(
+                softverbs_ibverbs::qp::ibv_query_qp((*id).qp, &mut a, mask, &mut init),
+                0
+            );
+        }
+        a
+    }
+
+    fn destroy(id: *mut rdma_cm_id) {
+        // SAFETY: the test's id, its QP and private channel.
+        unsafe {
+            let ch = (*id).channel;
+            crate::id::rdma_destroy_qp(id);
+            crate::id::rdma_destroy_id(id);
+            channel::free_channel(ch);
+        }
+    }
+
+    /// The REP moves the active side's QP to RTS with the negotiated values (softverbs'
+    /// libibverbs accepts the attributes and masks), before the CM is asked for the RTU.
+    #[test]
+    fn rep_moves_the_active_qp_to_rts() {
+        let devs = test_devices();
+        let c = ConnectParams {
+            service_id: emu_cm::service_id(RDMA_PS_TCP as u16, 7501),
+            remote: MadAddr {
+                gid: devs[1].gid,
+                qpn: 1,
+            },
+            local_qpn: 0,
+            starting_psn: 100,
+            reliable: true,
+            responder_resources: 2,
+            initiator_depth: 2,
+            path_mtu: 3,
+            retry_count: 6,
+            rnr_retry_count: 7,
+            local_ack_timeout: 15,
+            cm_response_timeout: CM_RESPONSE_TIMEOUT,
+            max_cm_retries: MAX_CM_RETRIES,
+            private_data: vec![],
+        };
+        let st = IdState {
+            dev: Some(0),
+            cm: Some(CmId(5)),
+            connect: Some(c),
+            ..Default::default()
+        };
+        let id = routed_id(0, st);
+        let rep = RepInfo {
+            remote_qpn: 0x44,
+            starting_psn: 0x1234,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 5,
+            private_data: vec![],
+        };
+        let mut s = lock();
+        with_cm(&mut s, 0);
+        s.conns.insert((0, 5), id as usize);
+        on_event(&mut s, 0, CmEvent::RepReceived { id: CmId(5), rep });
+        drop(s);
+        let a = query(id);
+        assert_eq!(a.qp_state, IBV_QPS_RTS);
+        assert_eq!((a.dest_qp_num, a.rq_psn, a.sq_psn), (0x44, 0x1234, 100));
+        assert_eq!(
+            (a.path_mtu, a.max_rd_atomic, a.max_dest_rd_atomic),
+            (3, 1, 2)
+        );
+        assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (15, 6, 5));
+        assert_eq!(a.ah_attr.grh.dgid.raw, devs[1].gid);
+        destroy(id);
+    }
+
+    /// `rdma_accept` moves the passive side's QP to RTS with the REQ's values and the PSN
+    /// chosen with the REQ, then asks the CM for the REP (today's CM answers ENOSYS).
+    #[test]
+    fn accept_moves_the_passive_qp_to_rts() {
+        let devs = test_devices();
+        let req = ReqInfo {
+            service_id: emu_cm::service_id(RDMA_PS_TCP as u16, 7500),
+            remote: MadAddr {
+                gid: devs[0].gid,
+                qpn: 1,
+            },
+            remote_qpn: 0x99,
+            starting_psn: 7,
+            reliable: true,
+            responder_resources: 4,
+            initiator_depth: 1,
+            path_mtu: 2,
+            retry_count: 5,
+            rnr_retry_count: 6,
+            local_ack_timeout: 16,
+            private_data: vec![],
+        };
+        let st = IdState {
+            dev: Some(1),
+            cm: Some(CmId(21)),
+            req: Some(req),
+            psn: 0x4321,
+            ..Default::default()
+        };
+        let id = routed_id(1, st);
+        with_cm(&mut lock(), 1);
+        // SAFETY: the test's live id.
+        let r = unsafe { accept(id, None) };
+        assert_eq!(
+            r,
+            Err(libc::ENOSYS),
+            "emu-cm's accept is not implemented yet"
+        );
+        let a = query(id);
+        assert_eq!(a.qp_state, IBV_QPS_RTS);
+        assert_eq!((a.dest_qp_num, a.rq_psn, a.sq_psn), (0x99, 7, 0x4321));
+        assert_eq!(
+            (a.path_mtu, a.max_dest_rd_atomic, a.max_rd_atomic),
+            (2, 1, 4)
+        );
+        assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (16, 5, 6));
+        destroy(id);
     }
 }

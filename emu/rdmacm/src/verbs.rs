@@ -93,7 +93,7 @@ pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
 pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
 pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
 pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
-pub const IBV_QP_PATH_MTU: c_int = 1 << 18;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
 pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
 
 pub const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
@@ -105,3 +105,41 @@ pub const IBV_WR_SEND: u32 = 2;
 pub const IBV_SEND_SIGNALED: u32 = 2;
 pub const IBV_WC_SUCCESS: u32 = 0;
 pub const IBV_WC_RECV: u32 = 128;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `enum ibv_qp_attr_mask`, `ibv_qp_state`, `ibv_qp_type` and `ibv_access_flags` as
+    /// rdma-core 44's `<infiniband/verbs.h>` numbers them.
+    #[test]
+    fn constants_match_verbs_h() {
+        let masks = [
+            (IBV_QP_STATE, 0),
+            (IBV_QP_ACCESS_FLAGS, 3),
+            (IBV_QP_PKEY_INDEX, 4),
+            (IBV_QP_PORT, 5),
+            (IBV_QP_QKEY, 6),
+            (IBV_QP_AV, 7),
+            (IBV_QP_PATH_MTU, 8),
+            (IBV_QP_TIMEOUT, 9),
+            (IBV_QP_RETRY_CNT, 10),
+            (IBV_QP_RNR_RETRY, 11),
+            (IBV_QP_RQ_PSN, 12),
+            (IBV_QP_MAX_QP_RD_ATOMIC, 13),
+            (IBV_QP_MIN_RNR_TIMER, 15),
+            (IBV_QP_SQ_PSN, 16),
+            (IBV_QP_MAX_DEST_RD_ATOMIC, 17),
+            (IBV_QP_DEST_QPN, 20),
+        ];
+        for (mask, bit) in masks {
+            assert_eq!(mask, 1 << bit);
+        }
+        assert_eq!(
+            (IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_ERR),
+            (1, 2, 3, 6)
+        );
+        assert_eq!((IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD), (2, 3, 4));
+        assert_eq!((IBV_WR_SEND, IBV_SEND_SIGNALED, IBV_WC_RECV), (2, 2, 128));
+    }
+}

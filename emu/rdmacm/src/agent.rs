@@ -1403,10 +1403,8 @@ mod qp_tests {
         attr.cap.max_recv_sge = 1;
         attr.qp_type = IBV_QPT_RC;
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { crate::id::rdma_create_qp(id, std::ptr::null_mut(), &mut attr) },
-            0
-        );
+        let r = unsafe { crate::id::rdma_create_qp(id, std::ptr::null_mut(), &mut attr) };
+        assert_eq!(r, 0);
         id
     }
 
@@ -1491,7 +1489,7 @@ mod qp_tests {
     }
 
     /// `rdma_accept` moves the passive side's QP to RTS with the REQ's values and the PSN
-    /// chosen with the REQ, then asks the CM for the REP (today's CM answers ENOSYS).
+    /// chosen with the REQ, then asks the CM for the REP.
     #[test]
     fn accept_moves_the_passive_qp_to_rts() {
         let devs = test_devices();
@@ -1523,11 +1521,9 @@ mod qp_tests {
         with_cm(&mut lock(), 1);
         // SAFETY: the test's live id.
         let r = unsafe { accept(id, None) };
-        assert_eq!(
-            r,
-            Err(libc::ENOSYS),
-            "emu-cm's accept is not implemented yet"
-        );
+        // The CM never saw connection 21: ENOSYS from today's stub, EINVAL (no such
+        // connection) from the real CM; the QP moved before the CM was asked either way.
+        assert!(matches!(r, Err(libc::ENOSYS | libc::EINVAL)), "{r:?}");
         let a = query(id);
         assert_eq!(a.qp_state, IBV_QPS_RTS);
         assert_eq!((a.dest_qp_num, a.rq_psn, a.sq_psn), (0x99, 7, 0x4321));

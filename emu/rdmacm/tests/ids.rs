@@ -6,6 +6,7 @@
 mod common;
 
 use std::ffi::CStr;
+use std::ptr::null_mut;
 
 use common::*;
 use ibverbs_sys::{ibv_qp_attr, ibv_qp_init_attr};
@@ -175,6 +176,85 @@ fn create_qp_leaves_an_rc_qp_in_init_with_its_own_cqs() {
         assert!((*id).qp.is_null() && (*id).send_cq.is_null());
         assert_eq!(rdma_destroy_id(id), 0);
         rdma_destroy_event_channel(ch);
+    }
+}
+
+#[test]
+fn create_qp_on_a_udp_id_leaves_a_ud_qp_in_rts_with_rdma_cm_s_qkey() {
+    setup(ADDRS);
+    let ch = unsafe { rdma_create_event_channel() };
+    let mut id = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { rdma_create_id(ch, &mut id, std::ptr::null_mut(), RDMA_PS_UDP) },
+        0
+    );
+    assert_eq!(unsafe { (*id).qp_type }, 4, "IBV_QPT_UD");
+    let mut a = sa("127.0.71.1:7300");
+    assert_eq!(unsafe { rdma_bind_addr(id, &mut a as *mut _ as *mut _) }, 0);
+    let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    attr.cap.max_send_wr = 2;
+    attr.cap.max_recv_wr = 2;
+    attr.cap.max_send_sge = 1;
+    attr.cap.max_recv_sge = 1;
+    attr.qp_type = 4;
+    assert_eq!(
+        unsafe { rdma_create_qp(id, std::ptr::null_mut(), &mut attr) },
+        0,
+        "errno {}",
+        errno()
+    );
+    unsafe {
+        let mut q = ibv_qp_attr::default();
+        let mut init: ibv_qp_init_attr = std::mem::zeroed();
+        assert_eq!(
+            softverbs_ibverbs::qp::ibv_query_qp((*id).qp, &mut q, 0x1f_ffff, &mut init),
+            0
+        );
+        assert_eq!((q.qp_state, q.qkey), (3, RDMA_UDP_QKEY));
+        // UD "connections" would need SIDR, which the CM lacks.
+        let mut dst = sa("127.0.71.2:7301");
+        assert_eq!(
+            rdma_resolve_addr(id, null_mut(), &mut dst as *mut _ as *mut _, 10),
+            0
+        );
+        assert_eq!(next(ch).0, RDMA_CM_EVENT_ADDR_RESOLVED);
+        assert_eq!(rdma_resolve_route(id, 10), 0);
+        assert_eq!(next(ch).0, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        assert_eq!(rdma_connect(id, null_mut()), -1);
+        assert_eq!(errno(), libc::ENOSYS);
+        rdma_destroy_qp(id);
+        rdma_destroy_id(id);
+        rdma_destroy_event_channel(ch);
+    }
+}
+
+#[test]
+fn migrate_id_moves_later_events_to_the_new_channel() {
+    let a = unsafe { rdma_create_event_channel() };
+    let b = unsafe { rdma_create_event_channel() };
+    let id = id_on(a);
+    assert_eq!(unsafe { rdma_migrate_id(id, b) }, 0);
+    assert_eq!(unsafe { (*id).channel }, b);
+    let mut src = sa("127.0.71.1:0");
+    let mut dst = sa("127.0.71.2:7400");
+    let r = unsafe {
+        rdma_resolve_addr(
+            id,
+            &mut src as *mut _ as *mut _,
+            &mut dst as *mut _ as *mut _,
+            10,
+        )
+    };
+    assert_eq!(r, 0);
+    assert_eq!(next(b).0, RDMA_CM_EVENT_ADDR_RESOLVED);
+    unsafe { libc::fcntl((*a).fd, libc::F_SETFL, libc::O_NONBLOCK) };
+    let mut ev = std::ptr::null_mut();
+    assert_eq!(unsafe { rdma_get_cm_event(a, &mut ev) }, -1);
+    assert_eq!(errno(), libc::EAGAIN);
+    unsafe {
+        rdma_destroy_id(id);
+        rdma_destroy_event_channel(a);
+        rdma_destroy_event_channel(b);
     }
 }
 

@@ -110,7 +110,6 @@ fn next_pd(ch: *mut rdma_event_channel) -> (i32, i32, *mut rdma_cm_id, Vec<u8>) 
 }
 
 #[test]
-#[ignore = "needs emu-cm (issue 16 part 1)"]
 fn connect_accept_establish_disconnect() {
     let sch = unsafe { rdma_create_event_channel() };
     let cch = unsafe { rdma_create_event_channel() };
@@ -157,7 +156,6 @@ fn connect_accept_establish_disconnect() {
 }
 
 #[test]
-#[ignore = "needs emu-cm (issue 16 part 1)"]
 fn rejected_connection_reports_the_consumer_reason_and_private_data() {
     let sch = unsafe { rdma_create_event_channel() };
     let cch = unsafe { rdma_create_event_channel() };

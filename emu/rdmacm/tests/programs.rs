@@ -85,7 +85,6 @@ fn pair(prog: &Path, lib: &Path, server: &[&str], client: &[&str]) -> (Output, O
 }
 
 #[test]
-#[ignore = "needs emu-cm (issue 16 part 1)"]
 fn rping_server_and_client_100_pings() {
     let (Some(lib), Some(prog)) = (lib_dir(), program("rping")) else {
         return;
@@ -103,7 +102,6 @@ fn rping_server_and_client_100_pings() {
 }
 
 #[test]
-#[ignore = "needs emu-cm (issue 16 part 1)"]
 fn ucmatose_server_and_client() {
     let (Some(lib), Some(prog)) = (lib_dir(), program("ucmatose")) else {
         return;

@@ -21,8 +21,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use emu_cm::{
-    AcceptParams, Cm, CmConfig, CmError, CmEvent, CmId, ConnectParams, Instant, MadAddr, RepInfo,
-    ReqInfo,
+    AcceptParams, Cm, CmConfig, CmError, CmEvent, CmId, ConnState, ConnectParams, Instant, MadAddr,
+    RepInfo, ReqInfo,
 };
 use ibverbs_sys::*;
 
@@ -60,6 +60,24 @@ pub const REJ_CONSUMER: u16 = 28;
 pub const MAX_REP_PRIVATE_DATA: usize = 196;
 /// REJ private data limit (IBTA 12.6.7).
 pub const MAX_REJ_PRIVATE_DATA: usize = 148;
+
+/// Environment variable overriding [`CM_RESPONSE_TIMEOUT`] (an exponent, 0–31) in the REQs
+/// this process sends: how long its active side waits for each answer. For tests of the
+/// unreachable bound; the default is rdma_cm's.
+pub const RESPONSE_TIMEOUT_ENV: &str = "SOFTVERBS_CM_RESPONSE_TIMEOUT";
+/// Environment variable overriding [`MAX_CM_RETRIES`] (0–15) in the REQs this process sends.
+pub const CM_RETRIES_ENV: &str = "SOFTVERBS_CM_RETRIES";
+
+/// A numeric environment variable at most `max`; `None` when unset or invalid.
+fn env_u8(name: &str, max: u8) -> Option<u8> {
+    let v = std::env::var(name).ok()?.trim().parse::<u8>().ok()?;
+    if v <= max {
+        Some(v)
+    } else {
+        crate::debug(|| format!("{name}={v} is above {max}: ignored"));
+        None
+    }
+}
 
 /// What this library keeps per `rdma_cm_id` (the public struct is the program's view).
 #[derive(Default)]
@@ -120,6 +138,9 @@ pub struct State {
     cms: HashMap<usize, DevCm>,
     conns: HashMap<(usize, u32), usize>,
     listeners: HashMap<(usize, u64), usize>,
+    /// Connections of destroyed ids still disconnecting: their DREQ is retried until the DREP
+    /// (or the retry bound), then they are destroyed.
+    lingering: Vec<(usize, CmId)>,
     start: std::time::Instant,
     agent: bool,
 }
@@ -139,6 +160,7 @@ pub fn lock() -> StateGuard {
             cms: HashMap::new(),
             conns: HashMap::new(),
             listeners: HashMap::new(),
+            lingering: Vec::new(),
             start: std::time::Instant::now(),
             agent: false,
         });
@@ -180,7 +202,11 @@ impl State {
         if let (Some(dev), Some(cid)) = (st.dev, st.cm) {
             self.conns.remove(&(dev, cid.0));
             if let Some(dc) = self.cms.get_mut(&dev) {
-                dc.cm.destroy(now, cid);
+                if disconnecting(&mut dc.cm, now, cid) {
+                    self.lingering.push((dev, cid));
+                } else {
+                    dc.cm.destroy(now, cid);
+                }
             }
             pump(self, dev);
         }
@@ -197,6 +223,59 @@ impl State {
             }
         }
     }
+}
+
+/// For a destroyed id's connection: an established one starts its disconnect (DREQ); true
+/// while the DREQ awaits its DREP, so that the connection lingers (the kernel CM's DREQ
+/// outlives the process; here the agent retries it while the process lives, and
+/// [`linger_at_exit`] gives it a bounded time to finish).
+fn disconnecting(cm: &mut Cm, now: Instant, cid: CmId) -> bool {
+    if cm.state(cid) == Some(ConnState::Established) {
+        let _ = cm.disconnect(now, cid, &[]);
+    }
+    cm.state(cid) == Some(ConnState::DreqSent)
+}
+
+/// Destroys the lingering connections that finished disconnecting.
+fn reap_lingering(s: &mut State, now: Instant) {
+    let State { lingering, cms, .. } = s;
+    lingering.retain(|&(dev, cid)| {
+        let Some(dc) = cms.get_mut(&dev) else {
+            return false;
+        };
+        if dc.cm.state(cid) == Some(ConnState::DreqSent) {
+            return true;
+        }
+        dc.cm.destroy(now, cid);
+        false
+    });
+}
+
+/// How long the process's exit waits for disconnects still awaiting their DREP: three DREQ
+/// attempts at rdma_cm's timeouts (`ib_time(CM_RESPONSE_TIMEOUT)` + `ib_time(ACK timeout)`).
+pub const EXIT_LINGER: Duration = Duration::from_secs(14);
+
+/// `atexit` handler (registered with the agent): waits, at most [`EXIT_LINGER`], until no
+/// connection is awaiting a DREP — the peer then sees DISCONNECTED even when the DREQ or
+/// DREP was lost (a program like rping's client calls `rdma_disconnect`, destroys the id and
+/// exits at once).
+pub extern "C" fn linger_at_exit() {
+    let deadline = std::time::Instant::now() + EXIT_LINGER;
+    while std::time::Instant::now() < deadline && awaiting_drep() {
+        std::thread::sleep(TICK);
+    }
+}
+
+/// Whether some connection, live or lingering, is awaiting a DREP.
+fn awaiting_drep() -> bool {
+    let s = lock();
+    let dreq = |dev: usize, cid: CmId| {
+        s.cms
+            .get(&dev)
+            .is_some_and(|dc| dc.cm.state(cid) == Some(ConnState::DreqSent))
+    };
+    s.lingering.iter().any(|&(dev, cid)| dreq(dev, cid))
+        || s.conns.keys().any(|&(dev, cid)| dreq(dev, CmId(cid)))
 }
 
 /// The errno of a CM refusal.
@@ -247,6 +326,8 @@ fn ensure_cm(s: &mut State, dev: usize) -> Result<(), i32> {
     s.cms.insert(dev, DevCm { cm, gsi });
     if !s.agent {
         s.agent = true;
+        // SAFETY: registers a handler that only locks the state and sleeps.
+        unsafe { libc::atexit(linger_at_exit) };
         std::thread::Builder::new()
             .name("softverbs-cm".into())
             .spawn(agent_loop)
@@ -476,6 +557,7 @@ fn agent_loop() {
             }
             pump(&mut s, dev);
         }
+        reap_lingering(&mut s, now);
     }
 }
 
@@ -822,8 +904,8 @@ unsafe fn connect(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Resul
         retry_count: p.retry_count.min(7),
         rnr_retry_count: p.rnr_retry_count.min(7),
         local_ack_timeout: ack.unwrap_or(DEFAULT_ACK_TIMEOUT),
-        cm_response_timeout: CM_RESPONSE_TIMEOUT,
-        max_cm_retries: MAX_CM_RETRIES,
+        cm_response_timeout: env_u8(RESPONSE_TIMEOUT_ENV, 31).unwrap_or(CM_RESPONSE_TIMEOUT),
+        max_cm_retries: env_u8(CM_RETRIES_ENV, 15).unwrap_or(MAX_CM_RETRIES),
         private_data: pd,
     };
     ensure_cm(&mut s, dev)?;

@@ -1,7 +1,7 @@
 //! Connection setup between two ids of one process (server on device 1, client on device 0,
 //! a thread each side): connect/accept/ESTABLISHED/disconnect with the QPs moved to RTS, and a
-//! rejected connection. They need emu-cm's state machine and libibverbs' `softverbs_open_gsi`
-//! (found by `dlsym` in this `-rdynamic` test binary), hence ignored until both merge.
+//! rejected connection, and the listen itself. They run emu-cm's state machine over libibverbs'
+//! `softverbs_open_gsi` (found by `dlsym` in this `-rdynamic` test binary).
 #![allow(clippy::unwrap_used, clippy::undocumented_unsafe_blocks)]
 
 mod common;
@@ -189,23 +189,33 @@ fn rejected_connection_reports_the_consumer_reason_and_private_data() {
     }
 }
 
+/// The CM runs on the GSI libibverbs exports (this `-rdynamic` binary carries
+/// `softverbs_open_gsi`): a listen succeeds, and a second listen on the same port is refused.
 #[test]
-fn listen_without_the_gsi_export_says_enodev() {
-    if softverbs_rdmacm::verbs::open_gsi_fn().is_some() {
-        eprintln!("SKIPPED: libibverbs exports softverbs_open_gsi");
-        return;
-    }
+fn listen_opens_the_gsi_and_a_port_is_listened_once() {
+    assert!(
+        softverbs_rdmacm::verbs::open_gsi_fn().is_some(),
+        "softverbs_open_gsi not found"
+    );
     let ch = unsafe { rdma_create_event_channel() };
-    setup(ADDRS);
+    let l = listener(ch, 7302);
     let mut id = std::ptr::null_mut();
     assert_eq!(
         unsafe { rdma_create_id(ch, &mut id, std::ptr::null_mut(), RDMA_PS_TCP) },
         0
     );
-    assert_eq!(unsafe { rdma_listen(id, 1) }, -1);
-    assert_eq!(errno(), libc::ENODEV);
+    let mut a = sa("127.0.72.2:7302");
     unsafe {
+        let bound = rdma_bind_addr(id, &mut a as *mut _ as *mut _);
+        let listened = if bound == 0 {
+            rdma_listen(id, 1)
+        } else {
+            bound
+        };
+        assert_eq!(listened, -1);
+        assert_eq!(errno(), libc::EADDRINUSE);
         rdma_destroy_id(id);
+        rdma_destroy_id(l);
         rdma_destroy_event_channel(ch);
     }
 }

@@ -1,8 +1,7 @@
 //! Unmodified rdmacm-utils programs on the built libraries, server and client as two
-//! processes: `rping -v -C 100` and `ucmatose`. The server binds a fixed loopback address (its
-//! process's device then sits on it); the client's device takes its zero-configuration
-//! `127.x.y.z`. Ignored until emu-cm and libibverbs' `softverbs_open_gsi` land (issue 16 part
-//! 1); `programs_stop_with_an_errno_until_the_cm_lands` pins today's behaviour instead.
+//! processes: `rping -v -C 100` and `ucmatose`, and a client whose server is killed
+//! mid-handshake. The server binds a fixed loopback address (its process's device then sits on
+//! it); the client's device takes its zero-configuration `127.x.y.z`.
 //!
 //! Needs `scripts/build-librdmacm.sh` to have run (`LIBIBVERBS_DIR`, default
 //! `target/libibverbs`) and Debian's `rdmacm-utils`; skipped loudly otherwise.
@@ -117,30 +116,45 @@ fn ucmatose_server_and_client() {
     assert!(text(&c).contains("return status 0"), "{}", text(&c));
 }
 
-/// Until the CM lands: rping loads both drop-ins, resolves, and stops at `rdma_listen` with
-/// the errno the library documents (ENODEV without the GSI export, ENOSYS without emu-cm) —
-/// no crash, no hang.
+/// A server killed mid-handshake: rping's server listens, is frozen (SIGSTOP) so that the
+/// client's REQ reaches its socket unanswered, then killed. The client sees
+/// `RDMA_CM_EVENT_UNREACHABLE` once its REQ retries run out, within the CM timeout bound:
+/// (retries + 1) × (`ib_time(response timeout)` + `ib_time(ACK timeout 14)`) — shortened here
+/// with `SOFTVERBS_CM_RESPONSE_TIMEOUT=16` and `SOFTVERBS_CM_RETRIES=3` to 4 × 335.5 ms.
 #[test]
-fn programs_stop_with_an_errno_until_the_cm_lands() {
+fn client_of_a_server_killed_mid_handshake_is_unreachable_within_the_cm_bound() {
     let (Some(lib), Some(prog)) = (lib_dir(), program("rping")) else {
         return;
     };
-    let out = wait(
-        spawn(
-            &prog,
-            &lib,
-            &["-s", "-v", "-C", "1", "-a", "127.0.98.3", "-p", "19803"],
-        ),
-        Duration::from_secs(20),
+    let a = ["-v", "-C", "1", "-a", "127.0.98.3", "-p", "19803"];
+    let mut server = spawn(&prog, &lib, &[&["-s"][..], &a].concat());
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = server.id() as libc::pid_t;
+    // SAFETY: signals our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let bound = 4.0 * (emu_cm::ib_time(16) + emu_cm::ib_time(14)).as_secs_f64();
+    let start = Instant::now();
+    let client = Command::new(&prog)
+        .args([&["-c"][..], &a].concat())
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("SOFTVERBS_CM_RESPONSE_TIMEOUT", "16")
+        .env("SOFTVERBS_CM_RETRIES", "3")
+        .env_remove("SOFTVERBS_UDP_ADDRS")
+        .env_remove("SOFTVERBS_FAULTS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    server.kill().unwrap();
+    let _ = server.wait();
+    let c = wait(client, Duration::from_secs(30));
+    let took = start.elapsed().as_secs_f64();
+    let t = text(&c);
+    assert!(!c.status.success(), "{t}");
+    assert!(t.contains("RDMA_CM_EVENT_UNREACHABLE"), "{t}");
+    assert!(
+        took >= bound * 0.95 && took < bound + 5.0,
+        "UNREACHABLE after {took:.2} s, bound {bound:.2} s: {t}"
     );
-    let t = text(&out);
-    if t.contains("rdma_listen") {
-        assert!(
-            t.contains("No such device") || t.contains("Function not implemented"),
-            "{t}"
-        );
-        assert!(!out.status.success());
-    } else {
-        eprintln!("SKIPPED: rdma_listen succeeded (the CM has landed): {t}");
-    }
 }

@@ -17,12 +17,15 @@
 #   ib_write_bw-R  ib_write_bw -R (server: SOFTVERBS_UDP_ADDRS=ADDR:4791) / ib_write_bw -R ADDR:
 #                  the client prints a result row
 #   ib_send_lat-R  ib_send_lat -R, as ib_write_bw -R
-#
-# State (issue 16): these run once emu-cm's state machine and libibverbs' softverbs_open_gsi
-# have merged; before that every server fails at rdma_listen with ENODEV (or ENOSYS).
+#   rping-loss     rping -v -C 100 through `softverbs exec --faults`: each side drops 10 % of
+#                  the datagrams it sends, CM MADs included (the CM retries REQ/REP/DREQ after
+#                  its timeout, RC retransmits the data): all 100 pings, both exit 0
+#   ucmatose-loss  ucmatose through the same plan: both exit 0
 #
 # Needs: scripts/build-librdmacm.sh (builds both drop-ins), rdmacm-utils, perftest. Environment:
 #   SOFTVERBS_LIB_DIR  directory of the drop-ins (default: $LIBIBVERBS_DIR, else target/libibverbs)
+#   SOFTVERBS_BIN      the softverbs binary for the -loss cases (default: cargo build --release,
+#                      then its path)
 #   CASE_TIMEOUT       bound of every process, seconds (default 60)
 #   PORT_BASE          first rdma_cm port (default 19700; one per case)
 #   ADDR_BASE          the servers' addresses are ADDR_BASE.N (default 127.0.97)
@@ -41,18 +44,23 @@ esac
 for f in libibverbs.so.1 librdmacm.so.1; do
   [ -f "$LIB/$f" ] || { echo "no $f in $LIB: run scripts/build-librdmacm.sh --release" >&2; exit 2; }
 done
+if [ -z "${SOFTVERBS_BIN:-}" ] && [[ rping-loss =~ $ONLY || ucmatose-loss =~ $ONLY ]]; then
+  SOFTVERBS_BIN=$(cd "$ROOT" && cargo build -q --release --bin softverbs \
+    --message-format=json | grep -o '"executable":"[^"]*softverbs"' |
+    sed 's/^"executable":"//; s/"$//' | tail -1)
+fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 unset SOFTVERBS_UDP_ADDRS SOFTVERBS_FAULTS SOFTVERBS_PCAP
 PASS=0 FAIL=0 N=0
 
-# run_case NAME CHECK SERVER_ENV SERVER_CMD -- CLIENT_CMD: server in the background, then the
+# run_case NAME CHECK SERVER_ENV SERVER_CMD :: CLIENT_CMD: server in the background, then the
 # client; CHECK is a shell condition on the client's output file, $OUT.
 run_case() {
   local name=$1 check=$2 senv=$3; shift 3
   local server=() client=()
-  while [ "$1" != -- ]; do server+=("$1"); shift; done; shift
+  while [ "$1" != :: ]; do server+=("$1"); shift; done; shift
   client=("$@")
   [[ $name =~ $ONLY ]] || return 0
   env $senv timeout "$CASE_TIMEOUT" "${server[@]}" >"$WORK/$name.server" 2>&1 &
@@ -73,14 +81,27 @@ next() { N=$((N + 1)); PORT=$((PORT + 1)); ADDR=$ADDR_BASE.$N; }
 
 ROW='grep -Eq "^ *[0-9]+ +[0-9]+ " "$OUT"'
 next; run_case rping '[ "$(grep -c "ping data" "$OUT")" = 100 ]' "" \
-  rping -s -v -C 100 -a "$ADDR" -p "$PORT" -- rping -c -v -C 100 -a "$ADDR" -p "$PORT"
+  rping -s -v -C 100 -a "$ADDR" -p "$PORT" :: rping -c -v -C 100 -a "$ADDR" -p "$PORT"
 next; run_case ucmatose 'grep -q "return status 0" "$OUT"' "" \
-  ucmatose -b "$ADDR" -p "$PORT" -- \
+  ucmatose -b "$ADDR" -p "$PORT" :: \
   ucmatose -s "$ADDR" -p "$PORT"
 next; run_case ib_write_bw-R "$ROW" "SOFTVERBS_UDP_ADDRS=$ADDR:4791" \
-  ib_write_bw -R -p "$PORT" -- ib_write_bw -R -p "$PORT" "$ADDR"
+  ib_write_bw -R -p "$PORT" :: ib_write_bw -R -p "$PORT" "$ADDR"
 next; run_case ib_send_lat-R "$ROW" "SOFTVERBS_UDP_ADDRS=$ADDR:4791" \
-  ib_send_lat -R -p "$PORT" -- ib_send_lat -R -p "$PORT" "$ADDR"
+  ib_send_lat -R -p "$PORT" :: ib_send_lat -R -p "$PORT" "$ADDR"
+
+# 10 % loss on every datagram each side sends (its own seed per side).
+loss() { printf 'seed = %s\n[[rule]]\naction = "drop"\nprobability = 0.1\n' "$2" >"$WORK/$1.toml"; }
+loss server 11
+loss client 12
+SX=("${SOFTVERBS_BIN:-softverbs}" exec --lib "$LIB" --faults "$WORK/server.toml" --)
+CX=("${SOFTVERBS_BIN:-softverbs}" exec --lib "$LIB" --faults "$WORK/client.toml" --)
+next; run_case rping-loss '[ "$(grep -c "ping data" "$OUT")" = 100 ]' "" \
+  "${SX[@]}" rping -s -v -C 100 -a "$ADDR" -p "$PORT" :: \
+  "${CX[@]}" rping -c -v -C 100 -a "$ADDR" -p "$PORT"
+next; run_case ucmatose-loss 'grep -q "return status 0" "$OUT"' "" \
+  "${SX[@]}" ucmatose -b "$ADDR" -p "$PORT" :: \
+  "${CX[@]}" ucmatose -s "$ADDR" -p "$PORT"
 
 echo "rdma_cm programs: $PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]

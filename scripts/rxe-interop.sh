@@ -10,6 +10,12 @@
 #       rdma_cm service nobody listens on to rxe0's QP1; the guest's kernel CM must answer REJ
 #       reason 8 (invalid service ID); then a REQ to the guest's `rping -s` (rdma_cm TCP port 7174)
 #       must get the kernel's REP (which cm-probe then rejects): check cm-rep
+#   (j) unmodified `rping -v -C 100` both roles over the drop-ins (librdmacm.so.1 and
+#       libibverbs.so.1 on the host, softverbs0 on HOST_IP:4791) against the guest's rping on the
+#       kernel's rdma_cm: rping-guest-client (the kernel CM's REQ to our listener: we accept),
+#       then rping-host-client (our REQ to the kernel's listener: it accepts); each needs 100
+#       "ping data" lines and both exits 0. Run with (i), also under --cm-only; SKIP with a note
+#       without scripts/build-librdmacm.sh's library or the host's rping (rdmacm-utils)
 #   (a) guest `ibv_rc_pingpong` client  vs host `softverbs pingpong` server, for each size
 #   (b) guest `ibv_rc_pingpong` server  vs host `softverbs pingpong` client, for each size
 #   (c) `softverbs rdma-check` with the host (udp provider) as server and the guest (hw provider,
@@ -37,7 +43,7 @@
 #               which bounds a UD message)
 #   --iters N   pingpong iterations per size (default 200)
 #   --no-dropin skip (g) and (h)
-#   --cm-only   run (i) only
+#   --cm-only   run (i) and (j) only
 #   --no-capture  skip the tap capture (DIR/tap.pcap) and check (d); without dumpcap (package
 #               wireshark-common, which tshark pulls in) (d) is skipped with a note
 #
@@ -111,6 +117,15 @@ else
   DROPIN_NOTE="--no-dropin"
 fi
 [ -z "$DROPIN_NOTE" ] || say "note: (g) and (h) skipped: $DROPIN_NOTE"
+RDMACM=1
+RDMACM_DIR=${LIBIBVERBS_DIR:-$ROOT/target/libibverbs}
+if [ ! -f "$RDMACM_DIR/librdmacm.so.1" ] || [ ! -f "$RDMACM_DIR/libibverbs.so.1" ]; then
+  RDMACM=0; say "note: (j) skipped: no $RDMACM_DIR/librdmacm.so.1 (scripts/build-librdmacm.sh)"
+elif ! command -v rping >/dev/null 2>&1; then
+  RDMACM=0; say "note: (j) skipped: no rping on the host (Debian package rdmacm-utils)"
+else
+  RDMACM_DIR=$(cd "$RDMACM_DIR" && pwd)
+fi
 if [ "$PCAP" = 1 ] && ! command -v dumpcap >/dev/null 2>&1; then
   say "note: dumpcap not found (tshark's wireshark-common): no tap capture, check (d) skipped"
   PCAP=0
@@ -132,6 +147,8 @@ DROPIN=$DROPIN
 LIB_DIR='$LIB_DIR'
 PP_TIMEOUT=$PP_TIMEOUT
 CM_ONLY=$CM_ONLY
+RDMACM=$RDMACM
+RDMACM_DIR='$RDMACM_DIR'
 EOF
 cat >>"$host_script" <<'EOF'
 export SOFTVERBS_PROVIDER=udp
@@ -160,6 +177,34 @@ fi
 until [ -e "$RXE_VM_READY" ]; do sleep 0.1; done
 check cm-reject "$BIN" cm-probe --bind "$HOST_IP:4791" --expect-reject 8 --timeout 60 "$GUEST_IP"
 check cm-rep "$BIN" cm-probe --bind "$HOST_IP:4791" --port 7174 --expect-rep --timeout 60 "$GUEST_IP"
+# (j) rping on the drop-ins against the guest's rping on the kernel's rdma_cm, both roles.
+pings_ok() { # rc output-file role: exit 0, and a client printed 100 pings
+  cat "$2"
+  [ "$1" = 0 ] && { [ "$3" = server ] || [ "$(grep -c 'ping data' "$2")" = 100 ]; }
+}
+rping_server() {
+  local rc=0
+  timeout 120 rping -s -v -C 100 -a "$HOST_IP" -p 7175 >rping-s.out 2>&1 || rc=$?
+  pings_ok "$rc" rping-s.out server
+}
+rping_client() { # retries while the guest's server does not listen yet (REJ 8 / unreachable)
+  local rc try=0
+  while :; do
+    rc=0
+    timeout 60 rping -c -v -C 100 -a "$GUEST_IP" -p 7176 >rping-c.out 2>&1 || rc=$?
+    if [ $rc != 0 ] && ! grep -q 'ping data' rping-c.out && [ $try -lt 100 ]; then
+      try=$((try + 1)); sleep 0.5; continue
+    fi
+    pings_ok "$rc" rping-c.out client
+    return
+  done
+}
+if [ "$RDMACM" = 1 ]; then
+  export LD_LIBRARY_PATH=$RDMACM_DIR SOFTVERBS_UDP_ADDRS=$HOST_IP:4791 SOFTVERBS_FOREIGN_IPV4_IDENT=1
+  check rping-guest-client rping_server
+  check rping-host-client rping_client
+  unset LD_LIBRARY_PATH SOFTVERBS_UDP_ADDRS SOFTVERBS_FOREIGN_IPV4_IDENT
+fi
 [ "$CM_ONLY" = 0 ] || exit 0
 # (a) the guest's ibv_rc_pingpong connects to us; one server per size, each on its own port.
 i=0
@@ -232,6 +277,7 @@ B=$GUEST_BIN
 PP_TIMEOUT=$PP_TIMEOUT
 CHECK_TIMEOUT=$CHECK_TIMEOUT
 CM_ONLY=$CM_ONLY
+RDMACM=$RDMACM
 EOF
 cat >>"$guest_script" <<'EOF'
 cd /root
@@ -257,6 +303,26 @@ sed 's/^/guest cm-rep: /' rping.out
 # the timeout (124) means it listened and answered.
 [ $rc != 124 ]
 verdict cm-rep $?
+# (j) our rping server first (the kernel CM resends its REQ until the host listens; rping is
+# retried if it gives up), then the guest's server for our client.
+if [ "$RDMACM" = 1 ]; then
+  try=0
+  while :; do
+    timeout 60 rping -c -v -C 100 -a "$HOST_IP" -p 7175 >rping.out 2>&1
+    rc=$?
+    if [ $rc != 0 ] && ! grep -q 'ping data' rping.out && [ $try -lt 20 ]; then
+      try=$((try + 1)); sleep 0.5; continue
+    fi
+    break
+  done
+  sed 's/^/guest rping-guest-client: /' rping.out
+  [ $rc = 0 ] && [ "$(grep -c 'ping data' rping.out)" = 100 ]
+  verdict rping-guest-client $?
+  timeout 120 rping -s -v -C 100 -a "$GUEST_IP" -p 7176 >rping.out 2>&1
+  rc=$?
+  sed 's/^/guest rping-host-client: /' rping.out
+  verdict rping-host-client $rc
+fi
 if [ "$CM_ONLY" = 1 ]; then sleep 20; echo "guest rxe0 counters:"; counters; exit 0; fi
 # (a) guest client -> host server; retry while the host's server for this size is not listening.
 n=0
@@ -338,6 +404,7 @@ say "rxe-vm exit $vm_rc after $(( $(date +%s) - t0 )) s ($(tail -1 "$OUT/rxe-vm.
 # ---- verdicts: a check passes when both sides say PASS ----------------------------------------
 tr -d '\r' <"$OUT/rxe.log" >"$OUT/rxe.clean.log"
 checks="cm-reject cm-rep"
+[ "$RDMACM" = 0 ] || checks="$checks rping-guest-client rping-host-client"
 for s in $SIZES; do checks="$checks pingpong-guest-client-$s"; done
 for s in $SIZES; do checks="$checks pingpong-host-client-$s"; done
 [ "$CM_ONLY" = 1 ] || checks="$checks rdma-check"

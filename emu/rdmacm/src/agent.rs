@@ -260,11 +260,19 @@ pub const EXIT_LINGER: Duration = Duration::from_secs(14);
 /// DREP was lost (a program like rping's client calls `rdma_disconnect`, destroys the id and
 /// exits at once).
 pub extern "C" fn linger_at_exit() {
+    // A forked child inherits the handler but neither the agent thread nor its connections.
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } != AGENT_PID.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     let deadline = std::time::Instant::now() + EXIT_LINGER;
     while std::time::Instant::now() < deadline && awaiting_drep() {
         std::thread::sleep(TICK);
     }
 }
+
+/// The process that started the agent (and registered [`linger_at_exit`]).
+static AGENT_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// Whether some connection, live or lingering, is awaiting a DREP.
 fn awaiting_drep() -> bool {
@@ -326,8 +334,11 @@ fn ensure_cm(s: &mut State, dev: usize) -> Result<(), i32> {
     s.cms.insert(dev, DevCm { cm, gsi });
     if !s.agent {
         s.agent = true;
-        // SAFETY: registers a handler that only locks the state and sleeps.
-        unsafe { libc::atexit(linger_at_exit) };
+        // SAFETY: getpid has no preconditions; the handler only locks the state and sleeps.
+        unsafe {
+            AGENT_PID.store(libc::getpid(), std::sync::atomic::Ordering::Relaxed);
+            libc::atexit(linger_at_exit);
+        }
         std::thread::Builder::new()
             .name("softverbs-cm".into())
             .spawn(agent_loop)

@@ -78,7 +78,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if [ "$CM_ONLY" = 1 ]; then SIZES="" UD_SIZES="" DROPIN=0 PCAP=0; fi
+if [ "$CM_ONLY" = 1 ]; then SIZES="" UD_SIZES="" DROPIN=0; fi
 for s in $SIZES $UD_SIZES $ITERS; do
   case "$s" in ''|*[!0-9]*) echo "rxe-interop: not a number: $s" >&2; exit 2 ;; esac
 done
@@ -184,7 +184,7 @@ pings_ok() { # rc output-file role: exit 0, and a client printed 100 pings
 }
 rping_server() {
   local rc=0
-  timeout 120 rping -s -v -C 100 -a "$HOST_IP" -p 7175 >rping-s.out 2>&1 || rc=$?
+  timeout 150 rping -s -v -C 100 -a "$HOST_IP" -p 7175 >rping-s.out 2>&1 || rc=$?
   pings_ok "$rc" rping-s.out server
 }
 rping_client() { # retries while the guest's server does not listen yet (REJ 8 / unreachable)
@@ -192,7 +192,7 @@ rping_client() { # retries while the guest's server does not listen yet (REJ 8 /
   while :; do
     rc=0
     timeout 60 rping -c -v -C 100 -a "$GUEST_IP" -p 7176 >rping-c.out 2>&1 || rc=$?
-    if [ $rc != 0 ] && ! grep -q 'ping data' rping-c.out && [ $try -lt 100 ]; then
+    if [ $rc != 0 ] && ! grep -q 'ping data' rping-c.out && [ $try -lt 400 ]; then
       try=$((try + 1)); sleep 0.5; continue
     fi
     pings_ok "$rc" rping-c.out client
@@ -200,10 +200,12 @@ rping_client() { # retries while the guest's server does not listen yet (REJ 8 /
   done
 }
 if [ "$RDMACM" = 1 ]; then
+  # SOFTVERBS_DEBUG: the CM events in the host logs.
   export LD_LIBRARY_PATH=$RDMACM_DIR SOFTVERBS_UDP_ADDRS=$HOST_IP:4791 SOFTVERBS_FOREIGN_IPV4_IDENT=1
+  export SOFTVERBS_DEBUG=1
   check rping-guest-client rping_server
   check rping-host-client rping_client
-  unset LD_LIBRARY_PATH SOFTVERBS_UDP_ADDRS SOFTVERBS_FOREIGN_IPV4_IDENT
+  unset LD_LIBRARY_PATH SOFTVERBS_UDP_ADDRS SOFTVERBS_FOREIGN_IPV4_IDENT SOFTVERBS_DEBUG
 fi
 [ "$CM_ONLY" = 0 ] || exit 0
 # (a) the guest's ibv_rc_pingpong connects to us; one server per size, each on its own port.
@@ -308,14 +310,14 @@ verdict cm-rep $?
 if [ "$RDMACM" = 1 ]; then
   try=0
   while :; do
-    timeout 60 rping -c -v -C 100 -a "$HOST_IP" -p 7175 >rping.out 2>&1
+    timeout 30 rping -c -v -C 100 -a "$HOST_IP" -p 7175 >rping.out 2>&1
     rc=$?
-    if [ $rc != 0 ] && ! grep -q 'ping data' rping.out && [ $try -lt 20 ]; then
-      try=$((try + 1)); sleep 0.5; continue
+    sed "s/^/guest rping-guest-client: /" rping.out
+    if [ $rc != 0 ] && ! grep -q 'ping data' rping.out && [ $try -lt 2 ]; then
+      try=$((try + 1)); echo "guest rping-guest-client: exit $rc, retrying"; sleep 1; continue
     fi
     break
   done
-  sed 's/^/guest rping-guest-client: /' rping.out
   [ $rc = 0 ] && [ "$(grep -c 'ping data' rping.out)" = 100 ]
   verdict rping-guest-client $?
   timeout 120 rping -s -v -C 100 -a "$GUEST_IP" -p 7176 >rping.out 2>&1

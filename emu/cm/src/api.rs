@@ -40,7 +40,8 @@ pub struct ConnectParams {
     pub remote: MadAddr,
     /// The local QP's number.
     pub local_qpn: u32,
-    /// The local QP's starting send PSN (24 bits).
+    /// The REQ's starting PSN (24 bits): as Linux's CM uses it, the PSN the local QP expects
+    /// to receive first (the passive side sends from it).
     pub starting_psn: u32,
     /// `true` for an RC QP, `false` for UC.
     pub reliable: bool,
@@ -69,7 +70,8 @@ pub struct ConnectParams {
 pub struct AcceptParams {
     /// The local QP's number.
     pub local_qpn: u32,
-    /// The local QP's starting send PSN (24 bits).
+    /// The REP's starting PSN (24 bits): as Linux's CM uses it, the PSN the local QP expects
+    /// to receive first (the active side sends from it).
     pub starting_psn: u32,
     /// Incoming RDMA READs/atomics the local QP accepts.
     pub responder_resources: u8,
@@ -90,7 +92,8 @@ pub struct ReqInfo {
     pub remote: MadAddr,
     /// The active side's QP number.
     pub remote_qpn: u32,
-    /// The active side's starting send PSN (our receive PSN).
+    /// The REQ's starting PSN: the PSN the active side expects first, so the passive side's
+    /// starting send PSN (Linux's CM convention).
     pub starting_psn: u32,
     /// `true` for RC, `false` for UC.
     pub reliable: bool,
@@ -115,7 +118,8 @@ pub struct ReqInfo {
 pub struct RepInfo {
     /// The passive side's QP number.
     pub remote_qpn: u32,
-    /// The passive side's starting send PSN (our receive PSN).
+    /// The REP's starting PSN: the PSN the passive side expects first, so the active side's
+    /// starting send PSN (Linux's CM convention).
     pub starting_psn: u32,
     /// The passive side's responder resources.
     pub responder_resources: u8,

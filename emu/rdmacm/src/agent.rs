@@ -1571,7 +1571,7 @@ mod qp_tests {
         drop(s);
         let a = query(id);
         assert_eq!(a.qp_state, IBV_QPS_RTS);
-        assert_eq!((a.dest_qp_num, a.rq_psn, a.sq_psn), (0x44, 0x1234, 100));
+        assert_eq!((a.dest_qp_num, a.rq_psn, a.sq_psn), (0x44, 100, 0x1234));
         assert_eq!(
             (a.path_mtu, a.max_rd_atomic, a.max_dest_rd_atomic),
             (3, 1, 2)
@@ -1619,7 +1619,7 @@ mod qp_tests {
         assert_eq!(r, Err(libc::EINVAL));
         let a = query(id);
         assert_eq!(a.qp_state, IBV_QPS_RTS);
-        assert_eq!((a.dest_qp_num, a.rq_psn, a.sq_psn), (0x99, 7, 0x4321));
+        assert_eq!((a.dest_qp_num, a.rq_psn, a.sq_psn), (0x99, 0x4321, 7));
         assert_eq!(
             (a.path_mtu, a.max_dest_rd_atomic, a.max_rd_atomic),
             (2, 1, 4)

@@ -30,9 +30,9 @@ pub struct Path {
     pub tos: u8,
     /// The peer QP.
     pub dest_qpn: u32,
-    /// The peer's starting PSN.
+    /// The first PSN we expect: the starting PSN of the CM message we sent.
     pub rq_psn: u32,
-    /// Our starting PSN.
+    /// Our first send PSN: the starting PSN of the peer's CM message.
     pub sq_psn: u32,
     /// Path MTU, IBTA encoding.
     pub mtu: u8,
@@ -48,6 +48,11 @@ pub struct Path {
     pub rnr_retry: u8,
 }
 
+/// A CM message's starting PSN is the PSN its *sender* expects to receive first, the
+/// convention of Linux's CM (`ib_send_cm_req`/`ib_send_cm_rep` keep it as their `rq_psn`, the
+/// REQ's and REP's receivers take it as their `sq_psn`; rdma_cm's RTR sets `rq_psn` to the
+/// id's own sequence number): the active side sends from the REP's PSN, the passive side from
+/// the REQ's.
 impl Path {
     /// The active side's path: our REQ and the peer's REP.
     pub fn active(c: &ConnectParams, rep: &RepInfo, tos: u8) -> Path {
@@ -55,8 +60,8 @@ impl Path {
             dgid: c.remote.gid,
             tos,
             dest_qpn: rep.remote_qpn,
-            rq_psn: rep.starting_psn,
-            sq_psn: c.starting_psn,
+            rq_psn: c.starting_psn,
+            sq_psn: rep.starting_psn,
             mtu: c.path_mtu,
             max_dest_rd_atomic: c.responder_resources,
             max_rd_atomic: c.initiator_depth.min(rep.responder_resources),
@@ -72,8 +77,8 @@ impl Path {
             dgid: req.remote.gid,
             tos,
             dest_qpn: req.remote_qpn,
-            rq_psn: req.starting_psn,
-            sq_psn: psn,
+            rq_psn: psn,
+            sq_psn: req.starting_psn,
             mtu: req.path_mtu.min(d.active_mtu),
             max_dest_rd_atomic: resp,
             max_rd_atomic: init,
@@ -302,7 +307,7 @@ mod tests {
             private_data: vec![],
         };
         let p = Path::active(&c, &rep, 0);
-        assert_eq!((p.dest_qpn, p.rq_psn, p.sq_psn), (33, 200, 100));
+        assert_eq!((p.dest_qpn, p.rq_psn, p.sq_psn), (33, 100, 200));
         assert_eq!(
             (p.max_rd_atomic, p.max_dest_rd_atomic, p.rnr_retry),
             (2, 4, 3)
@@ -312,7 +317,7 @@ mod tests {
         assert_eq!(rtr.path_mtu, 5);
         assert_ne!(mask & IBV_QP_DEST_QPN, 0);
         let (rts, _) = p.rts();
-        assert_eq!((rts.sq_psn, rts.timeout, rts.retry_cnt), (100, 14, 7));
+        assert_eq!((rts.sq_psn, rts.timeout, rts.retry_cnt), (200, 14, 7));
     }
 
     #[test]

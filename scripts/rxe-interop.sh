@@ -14,8 +14,10 @@
 #       libibverbs.so.1 on the host, softverbs0 on HOST_IP:4791) against the guest's rping on the
 #       kernel's rdma_cm: rping-guest-client (the kernel CM's REQ to our listener: we accept),
 #       then rping-host-client (our REQ to the kernel's listener: it accepts); each needs 100
-#       "ping data" lines and both exits 0. Run with (i), also under --cm-only; SKIP with a note
-#       without scripts/build-librdmacm.sh's library or the host's rping (rdmacm-utils)
+#       "ping data" lines on both sides and both exits 0. Then ucmatose the same way
+#       (ucmatose-guest-client, ucmatose-host-client: both exit 0 with "return status 0").
+#       Run with (i), also under --cm-only; SKIP with a note without
+#       scripts/build-librdmacm.sh's library or the host's rping (rdmacm-utils)
 #   (a) guest `ibv_rc_pingpong` client  vs host `softverbs pingpong` server, for each size
 #   (b) guest `ibv_rc_pingpong` server  vs host `softverbs pingpong` client, for each size
 #   (c) `softverbs rdma-check` with the host (udp provider) as server and the guest (hw provider,
@@ -177,7 +179,8 @@ fi
 until [ -e "$RXE_VM_READY" ]; do sleep 0.1; done
 check cm-reject "$BIN" cm-probe --bind "$HOST_IP:4791" --expect-reject 8 --timeout 60 "$GUEST_IP"
 check cm-rep "$BIN" cm-probe --bind "$HOST_IP:4791" --port 7174 --expect-rep --timeout 60 "$GUEST_IP"
-# (j) rping on the drop-ins against the guest's rping on the kernel's rdma_cm, both roles.
+# (j) rping and ucmatose on the drop-ins against the guest's on the kernel's rdma_cm, both
+# roles.
 pings_ok() { # rc output-file: exit 0 and 100 pings printed (-v: "[server ]ping data")
   cat "$2"
   [ "$1" = 0 ] && [ "$(grep -c 'ping data' "$2")" = 100 ]
@@ -199,12 +202,33 @@ rping_client() { # retries while the guest's server does not listen yet (REJ 8 /
     return
   done
 }
+ucmatose_server() {
+  local rc=0
+  timeout 120 ucmatose -b "$HOST_IP" -p 7177 >ucmatose-s.out 2>&1 || rc=$?
+  cat ucmatose-s.out
+  [ $rc = 0 ] && grep -q 'return status 0' ucmatose-s.out
+}
+ucmatose_client() { # retries while the guest's server does not listen yet
+  local rc try=0
+  while :; do
+    rc=0
+    timeout 60 ucmatose -s "$GUEST_IP" -p 7178 >ucmatose-c.out 2>&1 || rc=$?
+    if [ $rc != 0 ] && ! grep -q 'receiving data transfers' ucmatose-c.out && [ $try -lt 400 ]; then
+      try=$((try + 1)); sleep 0.5; continue
+    fi
+    cat ucmatose-c.out
+    [ $rc = 0 ] && grep -q 'return status 0' ucmatose-c.out
+    return
+  done
+}
 if [ "$RDMACM" = 1 ]; then
   # SOFTVERBS_DEBUG: the CM events in the host logs.
   export LD_LIBRARY_PATH=$RDMACM_DIR SOFTVERBS_UDP_ADDRS=$HOST_IP:4791 SOFTVERBS_FOREIGN_IPV4_IDENT=1
   export SOFTVERBS_DEBUG=1
   check rping-guest-client rping_server
   check rping-host-client rping_client
+  check ucmatose-guest-client ucmatose_server
+  check ucmatose-host-client ucmatose_client
   unset LD_LIBRARY_PATH SOFTVERBS_UDP_ADDRS SOFTVERBS_FOREIGN_IPV4_IDENT SOFTVERBS_DEBUG
 fi
 [ "$CM_ONLY" = 0 ] || exit 0
@@ -325,6 +349,24 @@ if [ "$RDMACM" = 1 ]; then
   sed 's/^/guest rping-host-client: /' rping.out
   [ $rc = 0 ] && [ "$(grep -c 'ping data' rping.out)" = 100 ]
   verdict rping-host-client $?
+  # ucmatose: the guest's client against our server, then our client against the guest's.
+  try=0
+  while :; do
+    timeout 30 ucmatose -s "$HOST_IP" -p 7177 >ucm.out 2>&1
+    rc=$?
+    sed "s/^/guest ucmatose-guest-client: /" ucm.out
+    if [ $rc != 0 ] && ! grep -q 'receiving data transfers' ucm.out && [ $try -lt 2 ]; then
+      try=$((try + 1)); echo "guest ucmatose-guest-client: exit $rc, retrying"; sleep 1; continue
+    fi
+    break
+  done
+  [ $rc = 0 ] && grep -q 'return status 0' ucm.out
+  verdict ucmatose-guest-client $?
+  timeout 120 ucmatose -b "$GUEST_IP" -p 7178 >ucm.out 2>&1
+  rc=$?
+  sed 's/^/guest ucmatose-host-client: /' ucm.out
+  [ $rc = 0 ] && grep -q 'return status 0' ucm.out
+  verdict ucmatose-host-client $?
 fi
 if [ "$CM_ONLY" = 1 ]; then sleep 20; echo "guest rxe0 counters:"; counters; exit 0; fi
 # (a) guest client -> host server; retry while the host's server for this size is not listening.
@@ -407,7 +449,7 @@ say "rxe-vm exit $vm_rc after $(( $(date +%s) - t0 )) s ($(tail -1 "$OUT/rxe-vm.
 # ---- verdicts: a check passes when both sides say PASS ----------------------------------------
 tr -d '\r' <"$OUT/rxe.log" >"$OUT/rxe.clean.log"
 checks="cm-reject cm-rep"
-[ "$RDMACM" = 0 ] || checks="$checks rping-guest-client rping-host-client"
+[ "$RDMACM" = 0 ] || checks="$checks rping-guest-client rping-host-client ucmatose-guest-client ucmatose-host-client"
 for s in $SIZES; do checks="$checks pingpong-guest-client-$s"; done
 for s in $SIZES; do checks="$checks pingpong-host-client-$s"; done
 [ "$CM_ONLY" = 1 ] || checks="$checks rdma-check"

@@ -251,9 +251,68 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
     })
 }
 
+/// The IB MTU (IBTA encoding, 1 = 256 … 5 = 4096) a RoCEv2 path from `src` can carry: the
+/// largest one that fits the MTU of the network interface holding `src`, less the RoCEv2
+/// headers as Linux counts them (`iboe_get_mtu`: 96 bytes). `None` for loopback addresses
+/// (any `127.x`, unlimited here) and for an address no interface holds.
+pub fn roce_mtu_from(src: Ipv4Addr) -> Option<u8> {
+    if src.is_loopback() || src.is_unspecified() {
+        return None;
+    }
+    ib_mtu_for(interface_mtu(src)?)
+}
+
+/// The largest IB MTU (IBTA encoding) whose packets fit an IP MTU of `ip_mtu` bytes with
+/// RoCEv2's headers (96 bytes, as Linux's `iboe_get_mtu` counts them).
+pub fn ib_mtu_for(ip_mtu: u32) -> Option<u8> {
+    let payload = ip_mtu.checked_sub(96)?;
+    (1u8..=5).rev().find(|m| 128u32 << m <= payload)
+}
+
+/// The MTU of the interface holding `ip` (getifaddrs, then `/sys/class/net/NAME/mtu`).
+fn interface_mtu(ip: Ipv4Addr) -> Option<u32> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut name = None;
+    let mut p = list;
+    while !p.is_null() && name.is_none() {
+        // SAFETY: a node of the list getifaddrs returned; its address, if any, is a sockaddr
+        // of the family it names, and its name a NUL-terminated string.
+        unsafe {
+            let a = (*p).ifa_addr;
+            if !a.is_null() && c_int::from((*a).sa_family) == libc::AF_INET {
+                let sin = &*(a as *const libc::sockaddr_in);
+                if Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)) == ip {
+                    name = Some(CStr::from_ptr((*p).ifa_name).to_string_lossy().into_owned());
+                }
+            }
+            p = (*p).ifa_next;
+        }
+    }
+    // SAFETY: the list getifaddrs returned, not used afterwards.
+    unsafe { libc::freeifaddrs(list) };
+    let text = std::fs::read_to_string(format!("/sys/class/net/{}/mtu", name?)).ok()?;
+    text.trim().parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roce_mtu_fits_the_interface_less_the_headers() {
+        assert_eq!(ib_mtu_for(1500), Some(3));
+        assert_eq!(ib_mtu_for(9000), Some(5));
+        assert_eq!(ib_mtu_for(65536), Some(5));
+        assert_eq!(ib_mtu_for(2200), Some(4));
+        assert_eq!(ib_mtu_for(400), Some(1));
+        assert_eq!(ib_mtu_for(300), None);
+        assert_eq!(roce_mtu_from(Ipv4Addr::new(127, 0, 97, 1)), None);
+        assert_eq!(roce_mtu_from(Ipv4Addr::new(192, 0, 2, 77)), None);
+    }
 
     #[test]
     fn cma_header_round_trips_and_matches_the_kernel_layout() {

@@ -911,7 +911,7 @@ unsafe fn connect(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Resul
         reliable: qpt == IBV_QPT_RC,
         responder_resources: p.responder_resources.min(d.max_rd_atom),
         initiator_depth: p.initiator_depth.min(d.max_init_rd_atom),
-        path_mtu: d.active_mtu,
+        path_mtu: addr::roce_mtu_from(*src.ip()).map_or(d.active_mtu, |m| m.min(d.active_mtu)),
         retry_count: p.retry_count.min(7),
         rnr_retry_count: p.rnr_retry_count.min(7),
         local_ack_timeout: ack.unwrap_or(DEFAULT_ACK_TIMEOUT),

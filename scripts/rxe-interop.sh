@@ -15,7 +15,10 @@
 #       kernel's rdma_cm: rping-guest-client (the kernel CM's REQ to our listener: we accept),
 #       then rping-host-client (our REQ to the kernel's listener: it accepts); each needs 100
 #       "ping data" lines on both sides and both exits 0. Then ucmatose the same way
-#       (ucmatose-guest-client, ucmatose-host-client: both exit 0 with "return status 0").
+#       (ucmatose-guest-client, ucmatose-host-client: both exit 0 with "return status 0"),
+#       then `ib_write_bw -R -n 200` (write-bw-R-guest-client, write-bw-R-host-client: both
+#       exit 0 with a result row; the host's server binds the wildcard, so softverbs0 is put
+#       on HOST_IP with SOFTVERBS_UDP_ADDRS).
 #       Run with (i), also under --cm-only; SKIP with a note without
 #       scripts/build-librdmacm.sh's library or the host's rping (rdmacm-utils)
 #   (a) guest `ibv_rc_pingpong` client  vs host `softverbs pingpong` server, for each size
@@ -179,8 +182,8 @@ fi
 until [ -e "$RXE_VM_READY" ]; do sleep 0.1; done
 check cm-reject "$BIN" cm-probe --bind "$HOST_IP:4791" --expect-reject 8 --timeout 60 "$GUEST_IP"
 check cm-rep "$BIN" cm-probe --bind "$HOST_IP:4791" --port 7174 --expect-rep --timeout 60 "$GUEST_IP"
-# (j) rping and ucmatose on the drop-ins against the guest's on the kernel's rdma_cm, both
-# roles.
+# (j) rping, ucmatose and ib_write_bw -R on the drop-ins against the guest's on the kernel's
+# rdma_cm, both roles.
 pings_ok() { # rc output-file: exit 0 and 100 pings printed (-v: "[server ]ping data")
   cat "$2"
   [ "$1" = 0 ] && [ "$(grep -c 'ping data' "$2")" = 100 ]

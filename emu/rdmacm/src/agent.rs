@@ -269,7 +269,14 @@ pub extern "C" fn linger_at_exit() {
     while std::time::Instant::now() < deadline && awaiting_drep() {
         std::thread::sleep(TICK);
     }
+    // The agent stops touching libibverbs before the process's exit goes on to tear it down:
+    // it sees the flag under the lock before its next poll.
+    let _s = lock();
+    AGENT_STOP.store(true, std::sync::atomic::Ordering::SeqCst);
 }
+
+/// Set at exit: the agent thread returns instead of polling again.
+static AGENT_STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The process that started the agent (and registered [`linger_at_exit`]).
 static AGENT_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
@@ -555,6 +562,9 @@ fn agent_loop() {
     loop {
         std::thread::sleep(TICK);
         let mut s = lock();
+        if AGENT_STOP.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let now = s.now();
         let devs: Vec<usize> = s.cms.keys().copied().collect();
         for dev in devs {

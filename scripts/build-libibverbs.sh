@@ -21,6 +21,8 @@ esac
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 OUT=${LIBIBVERBS_DIR:-$ROOT/target/libibverbs}
 EXPORTS=$ROOT/emu/ibverbs/libibverbs-44-exports.txt
+# softverbs' own symbols (softverbs_open_gsi for the rdma_cm drop-in), in their own node.
+PRIVATE=$ROOT/emu/ibverbs/softverbs-private-exports.txt
 
 cargo build --manifest-path "$ROOT/Cargo.toml" -p softverbs-ibverbs "${CARGO_FLAGS[@]}"
 ARCHIVE=$TARGET_DIR/$PROFILE/libsoftverbs_ibverbs.a
@@ -29,7 +31,8 @@ mkdir -p "$OUT"
 
 # Version script: each symbol in the node of its default version (name@@NODE); a symbol that
 # only has an old version (name@NODE, e.g. ibv_register_driver) gets that node. Nodes chain in
-# release order; everything else (Rust's own symbols) stays local.
+# release order, then the other nodes (IBVERBS_PRIVATE_34, SOFTVERBS_PRIVATE_1) in file order;
+# everything else (Rust's own symbols) stays local.
 awk '
   /^#/ || NF == 0 { next }
   {
@@ -60,7 +63,7 @@ awk '
       printf "}%s;\n", (prev == "" ? "" : " " prev)
       prev = pub[i]
     }
-  }' "$EXPORTS" >"$OUT/libibverbs.map"
+  }' "$EXPORTS" "$PRIVATE" >"$OUT/libibverbs.map"
 
 cc -shared -o "$OUT/libibverbs.so.1" \
   -Wl,--whole-archive "$ARCHIVE" -Wl,--no-whole-archive \

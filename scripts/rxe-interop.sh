@@ -3,9 +3,24 @@
 # against Linux SoftRoCE (rxe0 in the rxe-vm guest, 10.99.0.2), over real RoCEv2 packets.
 #
 #   scripts/rxe-interop.sh [--out DIR] [--sizes "64 1024 4096 10000"] [--ud-sizes "64 512 1024"]
-#                          [--iters N] [--no-capture] [--no-dropin]
+#                          [--iters N] [--no-capture] [--no-dropin] [--cm-only]
 #
 # One VM boot runs, in this order:
+#   (i) host `softverbs cm-probe` (emu-cm on the UDP device's GSI, QP1) sends a REQ for an
+#       rdma_cm service nobody listens on to rxe0's QP1; the guest's kernel CM must answer REJ
+#       reason 8 (invalid service ID); then a REQ to the guest's `rping -s` (rdma_cm TCP port 7174)
+#       must get the kernel's REP (which cm-probe then rejects): check cm-rep
+#   (j) unmodified `rping -v -C 100` both roles over the drop-ins (librdmacm.so.1 and
+#       libibverbs.so.1 on the host, softverbs0 on HOST_IP:4791) against the guest's rping on the
+#       kernel's rdma_cm: rping-guest-client (the kernel CM's REQ to our listener: we accept),
+#       then rping-host-client (our REQ to the kernel's listener: it accepts); each needs 100
+#       "ping data" lines on both sides and both exits 0. Then ucmatose the same way
+#       (ucmatose-guest-client, ucmatose-host-client: both exit 0 with "return status 0"),
+#       then `ib_write_bw -R -n 200` (write-bw-R-guest-client, write-bw-R-host-client: both
+#       exit 0 with a result row; the host's server binds the wildcard, so softverbs0 is put
+#       on HOST_IP with SOFTVERBS_UDP_ADDRS).
+#       Run with (i), also under --cm-only; SKIP with a note without
+#       scripts/build-librdmacm.sh's library or the host's rping (rdmacm-utils)
 #   (a) guest `ibv_rc_pingpong` client  vs host `softverbs pingpong` server, for each size
 #   (b) guest `ibv_rc_pingpong` server  vs host `softverbs pingpong` client, for each size
 #   (c) `softverbs rdma-check` with the host (udp provider) as server and the guest (hw provider,
@@ -33,6 +48,7 @@
 #               which bounds a UD message)
 #   --iters N   pingpong iterations per size (default 200)
 #   --no-dropin skip (g) and (h)
+#   --cm-only   run (i) and (j) only (the tap capture is kept for reading; (d) is skipped)
 #   --no-capture  skip the tap capture (DIR/tap.pcap) and check (d); without dumpcap (package
 #               wireshark-common, which tshark pulls in) (d) is skipped with a note
 #
@@ -53,6 +69,7 @@ UD_SIZES="64 512 1024"
 ITERS=200
 PCAP=1
 DROPIN=1
+CM_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift ;;
@@ -61,10 +78,12 @@ while [ $# -gt 0 ]; do
     --no-dropin) DROPIN=0 ;;
     --iters) ITERS=$2; shift ;;
     --no-capture) PCAP=0 ;;
-    *) echo "usage: $0 [--out DIR] [--sizes \"S1 S2 ...\"] [--ud-sizes \"S1 S2 ...\"] [--iters N] [--no-capture] [--no-dropin]" >&2; exit 2 ;;
+    --cm-only) CM_ONLY=1 ;;
+    *) echo "usage: $0 [--out DIR] [--sizes \"S1 S2 ...\"] [--ud-sizes \"S1 S2 ...\"] [--iters N] [--no-capture] [--no-dropin] [--cm-only]" >&2; exit 2 ;;
   esac
   shift
 done
+if [ "$CM_ONLY" = 1 ]; then SIZES="" UD_SIZES="" DROPIN=0; fi
 for s in $SIZES $UD_SIZES $ITERS; do
   case "$s" in ''|*[!0-9]*) echo "rxe-interop: not a number: $s" >&2; exit 2 ;; esac
 done
@@ -103,6 +122,15 @@ else
   DROPIN_NOTE="--no-dropin"
 fi
 [ -z "$DROPIN_NOTE" ] || say "note: (g) and (h) skipped: $DROPIN_NOTE"
+RDMACM=1
+RDMACM_DIR=${LIBIBVERBS_DIR:-$ROOT/target/libibverbs}
+if [ ! -f "$RDMACM_DIR/librdmacm.so.1" ] || [ ! -f "$RDMACM_DIR/libibverbs.so.1" ]; then
+  RDMACM=0; say "note: (j) skipped: no $RDMACM_DIR/librdmacm.so.1 (scripts/build-librdmacm.sh)"
+elif ! command -v rping >/dev/null 2>&1; then
+  RDMACM=0; say "note: (j) skipped: no rping on the host (Debian package rdmacm-utils)"
+else
+  RDMACM_DIR=$(cd "$RDMACM_DIR" && pwd)
+fi
 if [ "$PCAP" = 1 ] && ! command -v dumpcap >/dev/null 2>&1; then
   say "note: dumpcap not found (tshark's wireshark-common): no tap capture, check (d) skipped"
   PCAP=0
@@ -123,6 +151,9 @@ PCAP=$PCAP
 DROPIN=$DROPIN
 LIB_DIR='$LIB_DIR'
 PP_TIMEOUT=$PP_TIMEOUT
+CM_ONLY=$CM_ONLY
+RDMACM=$RDMACM
+RDMACM_DIR='$RDMACM_DIR'
 EOF
 cat >>"$host_script" <<'EOF'
 export SOFTVERBS_PROVIDER=udp
@@ -146,6 +177,86 @@ if [ "$PCAP" = 1 ]; then
   cap=$!
   for _ in $(seq 50); do [ -s tap.pcap ] && break; sleep 0.1; done
 fi
+# (i) a REQ from our CM to rxe0's QP1 for an unlistened service: REJ reason 8. The guest's
+# clients of (a) retry meanwhile.
+until [ -e "$RXE_VM_READY" ]; do sleep 0.1; done
+check cm-reject "$BIN" cm-probe --bind "$HOST_IP:4791" --expect-reject 8 --timeout 60 "$GUEST_IP"
+check cm-rep "$BIN" cm-probe --bind "$HOST_IP:4791" --port 7174 --expect-rep --timeout 60 "$GUEST_IP"
+# (j) rping, ucmatose and ib_write_bw -R on the drop-ins against the guest's on the kernel's
+# rdma_cm, both roles.
+pings_ok() { # rc output-file: exit 0 and 100 pings printed (-v: "[server ]ping data")
+  cat "$2"
+  [ "$1" = 0 ] && [ "$(grep -c 'ping data' "$2")" = 100 ]
+}
+rping_server() {
+  local rc=0
+  timeout 150 rping -s -v -C 100 -a "$HOST_IP" -p 7175 >rping-s.out 2>&1 || rc=$?
+  pings_ok "$rc" rping-s.out
+}
+rping_client() { # retries while the guest's server does not listen yet (REJ 8 / unreachable)
+  local rc try=0
+  while :; do
+    rc=0
+    timeout 60 rping -c -v -C 100 -a "$GUEST_IP" -p 7176 >rping-c.out 2>&1 || rc=$?
+    if [ $rc != 0 ] && ! grep -q 'ping data' rping-c.out && [ $try -lt 400 ]; then
+      try=$((try + 1)); sleep 0.5; continue
+    fi
+    pings_ok "$rc" rping-c.out
+    return
+  done
+}
+ucmatose_server() {
+  local rc=0
+  timeout 120 ucmatose -b "$HOST_IP" -p 7177 >ucmatose-s.out 2>&1 || rc=$?
+  cat ucmatose-s.out
+  [ $rc = 0 ] && grep -q 'return status 0' ucmatose-s.out
+}
+ucmatose_client() { # retries while the guest's server does not listen yet
+  local rc try=0
+  while :; do
+    rc=0
+    timeout 60 ucmatose -s "$GUEST_IP" -p 7178 >ucmatose-c.out 2>&1 || rc=$?
+    if [ $rc != 0 ] && ! grep -q 'receiving data transfers' ucmatose-c.out && [ $try -lt 400 ]; then
+      try=$((try + 1)); sleep 0.5; continue
+    fi
+    cat ucmatose-c.out
+    [ $rc = 0 ] && grep -q 'return status 0' ucmatose-c.out
+    return
+  done
+}
+BW_ROW='^ *[0-9]+ +[0-9]+ '
+write_bw_server() { # perftest binds the wildcard: softverbs0 is on HOST_IP by SOFTVERBS_UDP_ADDRS
+  local rc=0
+  timeout 120 ib_write_bw -R -p 7179 -n 200 >bw-s.out 2>&1 || rc=$?
+  cat bw-s.out
+  [ $rc = 0 ] && grep -Eq "$BW_ROW" bw-s.out
+}
+write_bw_client() { # retries while the guest's server does not listen yet
+  local rc try=0
+  while :; do
+    rc=0
+    timeout 60 ib_write_bw -R -p 7180 -n 200 "$GUEST_IP" >bw-c.out 2>&1 || rc=$?
+    if [ $rc != 0 ] && ! grep -Eq "$BW_ROW" bw-c.out && [ $try -lt 400 ]; then
+      try=$((try + 1)); sleep 0.5; continue
+    fi
+    cat bw-c.out
+    [ $rc = 0 ] && grep -Eq "$BW_ROW" bw-c.out
+    return
+  done
+}
+if [ "$RDMACM" = 1 ]; then
+  # SOFTVERBS_DEBUG: the CM events in the host logs.
+  export LD_LIBRARY_PATH=$RDMACM_DIR SOFTVERBS_UDP_ADDRS=$HOST_IP:4791 SOFTVERBS_FOREIGN_IPV4_IDENT=1
+  export SOFTVERBS_DEBUG=1
+  check rping-guest-client rping_server
+  check rping-host-client rping_client
+  check ucmatose-guest-client ucmatose_server
+  check ucmatose-host-client ucmatose_client
+  check write-bw-R-guest-client write_bw_server
+  check write-bw-R-host-client write_bw_client
+  unset LD_LIBRARY_PATH SOFTVERBS_UDP_ADDRS SOFTVERBS_FOREIGN_IPV4_IDENT SOFTVERBS_DEBUG
+fi
+[ "$CM_ONLY" = 0 ] || exit 0
 # (a) the guest's ibv_rc_pingpong connects to us; one server per size, each on its own port.
 i=0
 for s in $SIZES; do
@@ -216,6 +327,8 @@ ITERS=$ITERS
 B=$GUEST_BIN
 PP_TIMEOUT=$PP_TIMEOUT
 CHECK_TIMEOUT=$CHECK_TIMEOUT
+CM_ONLY=$CM_ONLY
+RDMACM=$RDMACM
 EOF
 cat >>"$guest_script" <<'EOF'
 cd /root
@@ -229,6 +342,77 @@ done
 verdict() { # name rc
   if [ "$2" = 0 ]; then echo "@@GUEST $1 PASS"; else echo "@@GUEST $1 FAIL (exit $2)"; fi
 }
+# (i) the kernel CM (ib_cm) answers on rxe0's QP1 once loaded; the host's REQ retries meanwhile.
+modprobe ib_cm 2>/dev/null
+[ -d /sys/module/ib_cm ]
+verdict cm-reject $?
+# The listener of cm-rep: rping's server accepts the host's REQ (a REP), then sees the REJ.
+timeout 30 rping -s -a "$GUEST_IP" -p 7174 -C 1 -v >rping.out 2>&1
+rc=$?
+sed 's/^/guest cm-rep: /' rping.out
+# rping's server exits non-zero once the client's REJ aborts the connection: any exit short of
+# the timeout (124) means it listened and answered.
+[ $rc != 124 ]
+verdict cm-rep $?
+# (j) our rping server first (the kernel CM resends its REQ until the host listens; rping is
+# retried if it gives up), then the guest's server for our client.
+if [ "$RDMACM" = 1 ]; then
+  try=0
+  while :; do
+    timeout 30 rping -c -v -C 100 -a "$HOST_IP" -p 7175 >rping.out 2>&1
+    rc=$?
+    sed "s/^/guest rping-guest-client: /" rping.out
+    if [ $rc != 0 ] && ! grep -q 'ping data' rping.out && [ $try -lt 2 ]; then
+      try=$((try + 1)); echo "guest rping-guest-client: exit $rc, retrying"; sleep 1; continue
+    fi
+    break
+  done
+  [ $rc = 0 ] && [ "$(grep -c 'ping data' rping.out)" = 100 ]
+  verdict rping-guest-client $?
+  timeout 120 rping -s -v -C 100 -a "$GUEST_IP" -p 7176 >rping.out 2>&1
+  rc=$?
+  sed 's/^/guest rping-host-client: /' rping.out
+  [ $rc = 0 ] && [ "$(grep -c 'ping data' rping.out)" = 100 ]
+  verdict rping-host-client $?
+  # ucmatose: the guest's client against our server, then our client against the guest's.
+  try=0
+  while :; do
+    timeout 30 ucmatose -s "$HOST_IP" -p 7177 >ucm.out 2>&1
+    rc=$?
+    sed "s/^/guest ucmatose-guest-client: /" ucm.out
+    if [ $rc != 0 ] && ! grep -q 'receiving data transfers' ucm.out && [ $try -lt 2 ]; then
+      try=$((try + 1)); echo "guest ucmatose-guest-client: exit $rc, retrying"; sleep 1; continue
+    fi
+    break
+  done
+  [ $rc = 0 ] && grep -q 'return status 0' ucm.out
+  verdict ucmatose-guest-client $?
+  timeout 120 ucmatose -b "$GUEST_IP" -p 7178 >ucm.out 2>&1
+  rc=$?
+  sed 's/^/guest ucmatose-host-client: /' ucm.out
+  [ $rc = 0 ] && grep -q 'return status 0' ucm.out
+  verdict ucmatose-host-client $?
+  # ib_write_bw -R: the guest's client against our server, then ours against the guest's.
+  BW_ROW='^ *[0-9]+ +[0-9]+ '
+  try=0
+  while :; do
+    timeout 60 ib_write_bw -R -d "$RXE_DEV" -p 7179 -n 200 "$HOST_IP" >bw.out 2>&1
+    rc=$?
+    sed "s/^/guest write-bw-R-guest-client: /" bw.out
+    if [ $rc != 0 ] && ! grep -Eq "$BW_ROW" bw.out && [ $try -lt 5 ]; then
+      try=$((try + 1)); echo "guest write-bw-R-guest-client: exit $rc, retrying"; sleep 1; continue
+    fi
+    break
+  done
+  [ $rc = 0 ] && grep -Eq "$BW_ROW" bw.out
+  verdict write-bw-R-guest-client $?
+  timeout 120 ib_write_bw -R -d "$RXE_DEV" -p 7180 -n 200 >bw.out 2>&1
+  rc=$?
+  sed 's/^/guest write-bw-R-host-client: /' bw.out
+  [ $rc = 0 ] && grep -Eq "$BW_ROW" bw.out
+  verdict write-bw-R-host-client $?
+fi
+if [ "$CM_ONLY" = 1 ]; then sleep 20; echo "guest rxe0 counters:"; counters; exit 0; fi
 # (a) guest client -> host server; retry while the host's server for this size is not listening.
 n=0
 for s in $SIZES; do
@@ -297,7 +481,7 @@ echo "guest rxe0 counters:"; counters
 exit 0
 EOF
 
-say "running (a) guest client / host server, (b) host client / guest server for sizes $SIZES, (c) rdma-check, (e)-(h) UD for sizes $UD_SIZES"
+say "running (i) CM REJ, (a) guest client / host server, (b) host client / guest server for sizes $SIZES, (c) rdma-check, (e)-(h) UD for sizes $UD_SIZES"
 t0=$(date +%s)
 set +e
 (cd "$OUT" && "$RXE_VM" run --timeout "${RXE_VM_TIMEOUT:-600}" --add "$BIN:$GUEST_BIN" \
@@ -308,10 +492,11 @@ say "rxe-vm exit $vm_rc after $(( $(date +%s) - t0 )) s ($(tail -1 "$OUT/rxe-vm.
 
 # ---- verdicts: a check passes when both sides say PASS ----------------------------------------
 tr -d '\r' <"$OUT/rxe.log" >"$OUT/rxe.clean.log"
-checks=""
+checks="cm-reject cm-rep"
+[ "$RDMACM" = 0 ] || checks="$checks rping-guest-client rping-host-client ucmatose-guest-client ucmatose-host-client write-bw-R-guest-client write-bw-R-host-client"
 for s in $SIZES; do checks="$checks pingpong-guest-client-$s"; done
 for s in $SIZES; do checks="$checks pingpong-host-client-$s"; done
-checks="$checks rdma-check"
+[ "$CM_ONLY" = 1 ] || checks="$checks rdma-check"
 for s in $UD_SIZES; do checks="$checks ud-pingpong-guest-client-$s"; done
 for s in $UD_SIZES; do checks="$checks ud-pingpong-host-client-$s"; done
 if [ "$DROPIN" = 1 ]; then
@@ -334,7 +519,7 @@ usec() { # log-prefix: the usec/iter figure of that pingpong run
     printf '%-4s  %-36s guest: %-16s host: %-24s %s\n' "$v" "$c" "${g:-missing}" "${h:-missing}" "$extra"
   done
   [ -z "$DROPIN_NOTE" ] || echo "SKIP  dropin-ud-pingpong-*               ($DROPIN_NOTE)"
-  if [ "$PCAP" = 1 ]; then
+  if [ "$PCAP" = 1 ] && [ "$CM_ONLY" = 0 ]; then
     # Every data packet of (a)-(c) and its ACK: thousands; fewer means the capture missed them.
     if "$BIN" icrc-check --min-packets 1000 "$OUT/tap.pcap" >"$OUT/icrc-check.log" 2>&1; then
       v=PASS
@@ -344,7 +529,7 @@ usec() { # log-prefix: the usec/iter figure of that pingpong run
     printf '%-4s  %-28s %s\n' "$v" "wire-icrc" "every packet on the tap, both directions ($OUT/tap.pcap)"
     sed 's/^/  /' "$OUT/icrc-check.log"
   else
-    echo "SKIP  wire-icrc                    (no capture)"
+    echo "SKIP  wire-icrc                    (no capture, or --cm-only)"
   fi
   echo
   echo "rdma-check, host side (udp provider):"

@@ -1,5 +1,8 @@
 //! `softverbs exec` and `softverbs env`: run an unmodified libibverbs program (perftest,
-//! `ibv_rc_pingpong`, pyverbs, …) on softverbs through the drop-in `libibverbs.so.1`.
+//! `ibv_rc_pingpong`, pyverbs, …) on softverbs through the drop-in `libibverbs.so.1`, and an
+//! rdma_cm program (rping, ucmatose, `ib_write_bw -R`) through the drop-in `librdmacm.so.1`
+//! that `scripts/build-librdmacm.sh` puts in the same directory (one `LD_LIBRARY_PATH` entry
+//! serves both; without it there, rdma_cm programs load the system's librdmacm).
 //!
 //! Both only compute an environment: the library directory first on `LD_LIBRARY_PATH`, and
 //! `SOFTVERBS_FAULTS` / `SOFTVERBS_PCAP` (absolute paths) when asked for. `exec` then replaces
@@ -32,6 +35,10 @@ pub const LD_PATH_ENV: &str = "LD_LIBRARY_PATH";
 pub const LIB_NAME: &str = "libibverbs.so.1";
 /// The command that builds the drop-in, named in the "library missing" error.
 pub const BUILD_COMMAND: &str = "scripts/build-libibverbs.sh --release";
+/// The rdma_cm drop-in's file name (its SONAME), next to [`LIB_NAME`].
+pub const RDMACM_LIB_NAME: &str = "librdmacm.so.1";
+/// The command that builds both drop-ins.
+pub const RDMACM_BUILD_COMMAND: &str = "scripts/build-librdmacm.sh --release";
 
 /// Exit code: bad flags, a missing library, an unreadable or invalid fault plan.
 pub const EXIT_USAGE: u8 = 2;
@@ -62,7 +69,9 @@ pub struct DropInArgs {
 #[command(after_help = "Examples:\n  softverbs exec -- ibv_devinfo -v\n  \
     softverbs exec -- ibv_rc_pingpong -g 0                 (terminal 1: server)\n  \
     softverbs exec -- ibv_rc_pingpong -g 0 127.0.0.1       (terminal 2: client)\n  \
-    softverbs exec --faults plan.toml --pcap out.pcap -- ib_write_bw -x 0 127.0.0.1")]
+    softverbs exec --faults plan.toml --pcap out.pcap -- ib_write_bw -x 0 127.0.0.1\n  \
+    softverbs exec -- rping -s -v -C 10 -a 127.0.0.5       (rdma_cm server; needs librdmacm.so.1)\n  \
+    softverbs exec -- rping -c -v -C 10 -a 127.0.0.5       (rdma_cm client)")]
 pub struct ExecArgs {
     /// Library, fault plan and capture.
     #[command(flatten)]
@@ -145,6 +154,11 @@ impl DropInEnv {
             out.push_str(&format!("export {name}={}\n", shell_quote(&value)));
         }
         out
+    }
+
+    /// Whether the library directory also holds the rdma_cm drop-in ([`RDMACM_LIB_NAME`]).
+    pub fn has_rdmacm(&self) -> bool {
+        self.lib_dir.join(RDMACM_LIB_NAME).is_file()
     }
 
     fn own_vars(&self) -> Vec<(&'static str, OsString)> {
@@ -306,6 +320,29 @@ mod tests {
             "export LD_LIBRARY_PATH='/it'\\''s/lib'${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}\n\
              export SOFTVERBS_PCAP='/tmp/a b.pcap'\n"
         );
+    }
+
+    #[test]
+    fn the_rdmacm_drop_in_is_found_next_to_libibverbs() {
+        let dir =
+            std::env::temp_dir().join(format!("softverbs-exec-rdmacm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(LIB_NAME), b"").unwrap();
+        let args = DropInArgs {
+            lib: Some(dir.clone()),
+            ..DropInArgs::default()
+        };
+        let env = DropInEnv::resolve(&args, None).unwrap();
+        assert!(!env.has_rdmacm());
+        std::fs::write(dir.join(RDMACM_LIB_NAME), b"").unwrap();
+        assert!(env.has_rdmacm());
+        assert!(
+            env.vars(None)[0]
+                .1
+                .to_string_lossy()
+                .starts_with(&*env.lib_dir.to_string_lossy())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

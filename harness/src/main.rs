@@ -60,6 +60,10 @@ enum Command {
     /// processes (server without HOST), every result verified on both sides. Exit code: 0 all
     /// passed.
     RdmaCheck(Box<softverbs_cli::interop::rdma_check::RdmaCheckArgs>),
+    /// One IB CM handshake attempt from a UDP device's GSI to a peer's QP1 (e.g. Linux rxe's
+    /// kernel CM): sends a REQ and reports the REJ reason, REP or unreachable. Exit code: 0
+    /// the expected answer.
+    CmProbe(Box<softverbs_cli::interop::cm_probe::CmProbeArgs>),
     /// Verify the ICRC of every RoCEv2 packet of a pcap (taken on the wire) over its real
     /// IPv4/UDP headers. Exit code: 0 all valid.
     IcrcCheck(Box<softverbs_cli::interop::icrc_check::IcrcCheckArgs>),
@@ -102,6 +106,9 @@ fn main() -> ExitCode {
         }
         Command::RdmaCheck(args) => {
             return ExitCode::from(softverbs_cli::interop::rdma_check::run(&args));
+        }
+        Command::CmProbe(args) => {
+            return ExitCode::from(softverbs_cli::interop::cm_probe::run(&args));
         }
         Command::IcrcCheck(args) => {
             return ExitCode::from(softverbs_cli::interop::icrc_check::run(&args));

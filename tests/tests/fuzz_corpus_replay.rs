@@ -105,11 +105,17 @@ fn pair_corpus() {
 }
 
 #[test]
+fn cm_mad_corpus() {
+    replay("cm_mad", 5, targets::cm_mad);
+}
+
+#[test]
 fn engine_targets_accept_any_short_input() {
     // The engine targets read an exhausted input as zeros, the ordinary choices: short inputs
     // (the empty one included) must run without a panic, not only the committed seeds.
     type Body = fn(&[u8]);
-    let bodies: [(&str, Body); 4] = [
+    let bodies: [(&str, Body); 5] = [
+        ("cm_mad", targets::cm_mad),
         ("responder", targets::responder),
         ("completer", targets::completer),
         ("verbs_ops", targets::verbs_ops),

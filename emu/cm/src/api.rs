@@ -2,6 +2,9 @@
 
 pub use emu_proto::Instant;
 
+use crate::machine::Machine;
+pub use crate::machine::State as ConnState;
+
 /// A local communication ID (IBTA 12.6.1): names one connection of this CM.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CmId(pub u32);
@@ -32,11 +35,13 @@ pub struct CmConfig {
 pub struct ConnectParams {
     /// The service the peer listens on (rdma_cm: port space and port, see `service_id`).
     pub service_id: u64,
-    /// The peer's GSI.
+    /// The peer's GSI. Its GID must be the one the peer's MADs arrive from (for RoCEv2 over
+    /// IPv4 the IPv4-mapped GID, as the GRH gives it): answers from another GID are dropped.
     pub remote: MadAddr,
     /// The local QP's number.
     pub local_qpn: u32,
-    /// The local QP's starting send PSN (24 bits).
+    /// The REQ's starting PSN (24 bits): as Linux's CM uses it, the PSN the local QP expects
+    /// to receive first (the passive side sends from it).
     pub starting_psn: u32,
     /// `true` for an RC QP, `false` for UC.
     pub reliable: bool,
@@ -65,7 +70,8 @@ pub struct ConnectParams {
 pub struct AcceptParams {
     /// The local QP's number.
     pub local_qpn: u32,
-    /// The local QP's starting send PSN (24 bits).
+    /// The REP's starting PSN (24 bits): as Linux's CM uses it, the PSN the local QP expects
+    /// to receive first (the active side sends from it).
     pub starting_psn: u32,
     /// Incoming RDMA READs/atomics the local QP accepts.
     pub responder_resources: u8,
@@ -86,7 +92,8 @@ pub struct ReqInfo {
     pub remote: MadAddr,
     /// The active side's QP number.
     pub remote_qpn: u32,
-    /// The active side's starting send PSN (our receive PSN).
+    /// The REQ's starting PSN: the PSN the active side expects first, so the passive side's
+    /// starting send PSN (Linux's CM convention).
     pub starting_psn: u32,
     /// `true` for RC, `false` for UC.
     pub reliable: bool,
@@ -111,7 +118,8 @@ pub struct ReqInfo {
 pub struct RepInfo {
     /// The passive side's QP number.
     pub remote_qpn: u32,
-    /// The passive side's starting send PSN (our receive PSN).
+    /// The REP's starting PSN: the PSN the passive side expects first, so the active side's
+    /// starting send PSN (Linux's CM convention).
     pub starting_psn: u32,
     /// The passive side's responder resources.
     pub responder_resources: u8,
@@ -205,12 +213,14 @@ pub const fn service_id(port_space: u16, port: u16) -> u64 {
 #[derive(Debug)]
 pub struct Cm {
     config: CmConfig,
+    machine: Machine,
 }
 
 impl Cm {
     /// A CM with no connections and no listeners.
     pub fn new(config: CmConfig) -> Self {
-        Cm { config }
+        let machine = Machine::new(&config);
+        Cm { config, machine }
     }
 
     /// The configuration this CM was made with.
@@ -218,36 +228,44 @@ impl Cm {
         &self.config
     }
 
-    /// Accept REQs for `service_id` ([`CmEvent::ReqReceived`]).
+    /// Accept REQs for `service_id` ([`CmEvent::ReqReceived`]). `AddressInUse` if already
+    /// listened on.
     pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
-        let _ = service_id;
-        Err(CmError::Unsupported)
+        self.machine.listen(service_id)
     }
 
     /// Stop accepting REQs for `service_id`; later REQs get REJ "invalid service ID".
     pub fn unlisten(&mut self, service_id: u64) {
-        let _ = service_id;
+        self.machine.unlisten(service_id);
     }
 
-    /// Send a REQ: a new active connection.
+    /// Send a REQ: a new active connection. It is resent every
+    /// `4.096 µs × (2^cm_response_timeout + 2^local_ack_timeout)` up to `max_cm_retries`
+    /// times; then [`CmEvent::Unreachable`]. `InvalidParam` for a field wider than its bits
+    /// or private data above 92 bytes.
     pub fn connect(&mut self, now: Instant, params: ConnectParams) -> Result<CmId, CmError> {
-        let _ = (now, params);
-        Err(CmError::Unsupported)
+        self.machine.connect(now, &self.config, &params)
     }
 
-    /// Answer passive connection `id`'s REQ with a REP.
+    /// Answer passive connection `id`'s REQ with a REP (resent, like the REQ, with the active
+    /// side's CM response timeout and retries, until the RTU). Only after
+    /// [`CmEvent::ReqReceived`] (`InvalidState` otherwise).
     pub fn accept(&mut self, now: Instant, id: CmId, params: AcceptParams) -> Result<(), CmError> {
-        let _ = (now, id, params);
-        Err(CmError::Unsupported)
+        self.machine.accept(now, &self.config, id, &params)
     }
 
-    /// Active side, after the QP is in RTS: send the RTU; the connection is established.
+    /// Active side, after the QP is in RTS: send the RTU; the connection is established
+    /// ([`CmEvent::Established`]). Passive side, while waiting for the RTU: the QP saw the
+    /// peer's first packet (communication established), the connection is established without
+    /// the RTU. Established already: nothing.
     pub fn establish(&mut self, now: Instant, id: CmId) -> Result<(), CmError> {
-        let _ = (now, id);
-        Err(CmError::Unsupported)
+        let _ = now;
+        self.machine.establish(id)
     }
 
     /// Reject connection `id` (its REQ or REP) with `reason` and private data (≤ 148 bytes).
+    /// Allowed after [`CmEvent::ReqReceived`] (also once accepted, before the RTU) and after
+    /// [`CmEvent::RepReceived`].
     pub fn reject(
         &mut self,
         now: Instant,
@@ -255,50 +273,60 @@ impl Cm {
         reason: u16,
         private_data: &[u8],
     ) -> Result<(), CmError> {
-        let _ = (now, id, reason, private_data);
-        Err(CmError::Unsupported)
+        let _ = now;
+        self.machine.reject(id, reason, private_data)
     }
 
-    /// Disconnect: send a DREQ, or the DREP when a DREQ arrived.
+    /// Disconnect: send a DREQ (≤ 220 bytes of private data; resent until the DREP, then
+    /// [`CmEvent::Disconnected`] and timewait). When a DREQ arrived the CM has already sent the
+    /// DREP, and this call (like a second one) does nothing and succeeds.
     pub fn disconnect(
         &mut self,
         now: Instant,
         id: CmId,
         private_data: &[u8],
     ) -> Result<(), CmError> {
-        let _ = (now, id, private_data);
-        Err(CmError::Unsupported)
+        self.machine.disconnect(now, id, private_data)
     }
 
     /// Forget connection `id` (rdma_destroy_id); a live connection is rejected or
-    /// disconnected first as the spec requires.
+    /// disconnected first as the spec requires: an unanswered REQ gets REJ "timeout", an
+    /// unfinished handshake REJ "consumer reject", an established connection one DREQ.
     pub fn destroy(&mut self, now: Instant, id: CmId) {
-        let _ = (now, id);
+        let _ = now;
+        self.machine.destroy(&self.config, id);
     }
 
     /// A MAD arrived on the GSI from `from`. Malformed or unknown MADs are dropped or
-    /// answered as IBTA 13.4 requires; never a panic.
+    /// answered as IBTA 13.4 requires; never a panic: a CM-class Get/Set the CM cannot serve
+    /// gets a GetResp with the status "bad version", "method unsupported" or "method/attribute
+    /// unsupported"; other classes, responses and stale CM messages are dropped.
     pub fn handle_mad(&mut self, now: Instant, from: MadAddr, mad: &[u8]) {
-        let _ = (now, from, mad);
+        self.machine.handle_mad(now, from, mad);
     }
 
     /// The next MAD to send (256 bytes, to the GSI at the address).
     pub fn poll_transmit(&mut self) -> Option<(MadAddr, Vec<u8>)> {
-        None
+        self.machine.poll_transmit()
     }
 
     /// The next event for the user.
     pub fn poll_event(&mut self) -> Option<CmEvent> {
-        None
+        self.machine.poll_event()
     }
 
     /// When [`Cm::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        None
+        self.machine.poll_timeout()
     }
 
     /// Resend MADs whose answer is late, give up after the retries, leave timewait.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let _ = now;
+        self.machine.handle_timeout(now, &self.config);
+    }
+
+    /// Where connection `id` is; `None` once destroyed (additive: tests and diagnostics).
+    pub fn state(&self, id: CmId) -> Option<ConnState> {
+        self.machine.state(id)
     }
 }

@@ -18,5 +18,8 @@
 //! [`Cm::poll_transmit`], [`Cm::poll_event`], [`Cm::poll_timeout`], [`Cm::handle_timeout`].
 
 mod api;
+mod machine;
+pub mod wire;
 
 pub use api::*;
+pub use machine::{ib_time, reason};

@@ -10,7 +10,7 @@ use emu_proto::{Instant, Stats};
 use mr_region::Region;
 use verbs_api::{
     AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Error, ErrorKind, EventElement, Gid, MwBind,
-    MwType, PortAttr, QpInitAttr, Result, SrqAttr,
+    MwType, PortAttr, QpCap, QpInitAttr, QpType, Result, SrqAttr,
 };
 
 use crate::channel::ChannelShared;
@@ -131,6 +131,55 @@ impl<P: Port> Context<P> {
             alive: AtomicBool::new(true),
             _pd: pd.clone(),
         })))
+    }
+
+    /// Opens the device's GSI: QP number 1, a UD QP already in RTS with Q_Key 0x8001_0000
+    /// (`emu_proto::Hca::create_gsi`), which receives the datagrams peers send to QP1 (CM
+    /// MADs) and sends like any UD QP. One per device: `Busy` while open, from any context;
+    /// destroying or dropping the returned QP closes it. Other errors as `create_qp`.
+    pub fn open_gsi(
+        &self,
+        pd: &Pd<P>,
+        send_cq: &Cq<P>,
+        recv_cq: &Cq<P>,
+        cap: QpCap,
+    ) -> Result<Qp<P>> {
+        self.check_qp_parts(pd, send_cq, recv_cq, None)?;
+        let ctx_id = self.shared.id;
+        let qpn = self.command(|st, now| {
+            check_alive(&pd.0.alive, "PD")?;
+            check_alive(&send_cq.0.alive, "send CQ")?;
+            check_alive(&recv_cq.0.alive, "receive CQ")?;
+            let init = QpInitAttr::ud(cap);
+            let qpn = st
+                .hca
+                .create_gsi(now, pd.0.id, send_cq.0.id, recv_cq.0.id, &init)?;
+            st.events.own(EventElement::Qp(qpn), ctx_id);
+            Ok::<_, Error>(qpn)
+        })??;
+        Ok(self.qp_handle(qpn, QpType::Ud, pd, send_cq, recv_cq, None))
+    }
+
+    /// The handle of new QP `qpn`, keeping its PD, CQs and SRQ alive.
+    fn qp_handle(
+        &self,
+        qpn: u32,
+        qp_type: QpType,
+        pd: &Pd<P>,
+        send_cq: &Cq<P>,
+        recv_cq: &Cq<P>,
+        srq: Option<&Srq<P>>,
+    ) -> Qp<P> {
+        Qp(Arc::new(QpInner {
+            ctx: self.clone(),
+            qpn,
+            qp_type,
+            alive: AtomicBool::new(true),
+            _pd: pd.clone(),
+            _send_cq: send_cq.clone(),
+            _recv_cq: recv_cq.clone(),
+            _srq: srq.cloned(),
+        }))
     }
 
     /// Checks that the objects a new QP uses belong to this context and are alive.
@@ -330,16 +379,7 @@ impl<P: Port> verbs_api::Context for Context<P> {
             st.events.own(EventElement::Qp(qpn), ctx_id);
             Ok::<_, Error>(qpn)
         })??;
-        Ok(Qp(Arc::new(QpInner {
-            ctx: self.clone(),
-            qpn,
-            qp_type: attr.qp_type,
-            alive: AtomicBool::new(true),
-            _pd: pd.clone(),
-            _send_cq: send_cq.clone(),
-            _recv_cq: recv_cq.clone(),
-            _srq: srq.cloned(),
-        })))
+        Ok(self.qp_handle(qpn, attr.qp_type, pd, send_cq, recv_cq, srq))
     }
 
     fn create_ah(&self, pd: &Pd<P>, attr: &AhAttr) -> Result<Ah<P>> {

@@ -230,6 +230,24 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
         // SAFETY: the caller's attribute struct: report the granted capacities.
         unsafe { (*init).cap = convert::cap_to(&q.cap) };
     }
+    // SAFETY: `pd` is a live PD of ours, `context` its context, `c` that context's state.
+    Ok(unsafe { wrap_qp(pd, context, c, &a, udp, 0) })
+}
+
+/// The `ibv_qp` of new engine QP `udp` (created from `a` in `pd`, in state `state`), registered
+/// in its context, which it keeps alive.
+///
+/// # Safety
+/// `pd` is a live PD of this library, `context` its context and `c` that context's state.
+unsafe fn wrap_qp(
+    pd: *mut ibv_pd,
+    context: *mut ibv_context,
+    c: &crate::device::CtxInner,
+    a: &ibv_qp_init_attr,
+    udp: UdpQp,
+    state: u32,
+) -> *mut SvQp {
+    let qp_type = udp.qp_type();
     // SAFETY: ibv_qp_ex is pointers, integers, Option<fn> and pthread objects whose all-zero
     // pattern is their static initializer on glibc: all-zero is valid.
     let mut q: ibv_qp_ex = unsafe { std::mem::zeroed() };
@@ -242,7 +260,7 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
     b.srq = a.srq;
     b.handle = udp.qp_num();
     b.qp_num = udp.qp_num();
-    b.state = 0;
+    b.state = state;
     b.qp_type = a.qp_type;
     fill_qp_ex_ops(&mut q);
     let qpn = udp.qp_num();
@@ -260,7 +278,89 @@ fn new_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Result<*mut SvQp, c_i
     }
     // SAFETY: the PD's live context.
     unsafe { retain(context) };
-    Ok(sv)
+    sv
+}
+
+/// `IBV_QPS_RTS`.
+const IBV_QPS_RTS: u32 = 3;
+
+/// `softverbs_open_gsi` — softverbs-private, outside rdma-core's version nodes (node
+/// `SOFTVERBS_PRIVATE_1`); the rdma_cm drop-in finds it with `dlsym(RTLD_DEFAULT, …)`:
+///
+/// ```c
+/// struct ibv_qp *softverbs_open_gsi(struct ibv_pd *pd, struct ibv_cq *send_cq,
+///                                   struct ibv_cq *recv_cq, uint32_t max_send_wr,
+///                                   uint32_t max_recv_wr);
+/// ```
+///
+/// Opens the GSI of `pd`'s device: a UD `ibv_qp` with `qp_num` 1, already in RTS with Q_Key
+/// 0x8001_0000 (IBTA 14.2.5), one SGE per work request, receiving the datagrams peers send to
+/// QP1 (CM MADs, with the GRH first as on any UD QP). NULL with `errno` `EBUSY` while the
+/// device's GSI is open, `EINVAL` for a NULL or foreign PD/CQ or a capacity of 0 or above the
+/// device's limit. `ibv_destroy_qp` closes it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn softverbs_open_gsi(
+    pd: *mut ibv_pd,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    max_send_wr: u32,
+    max_recv_wr: u32,
+) -> *mut ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        if max_send_wr == 0 || max_recv_wr == 0 {
+            return null_with(libc::EINVAL);
+        }
+        // SAFETY: a live PD and CQs of ours (or NULL), per this call's contract.
+        match unsafe { open_gsi(pd, send_cq, recv_cq, max_send_wr, max_recv_wr) } {
+            Ok(sv) => sv.cast(),
+            Err(e) => null_with(e),
+        }
+    })
+}
+
+/// [`softverbs_open_gsi`]'s body.
+///
+/// # Safety
+/// `pd`, `send_cq` and `recv_cq` are live objects of this library or NULL.
+unsafe fn open_gsi(
+    pd: *mut ibv_pd,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    max_send_wr: u32,
+    max_recv_wr: u32,
+) -> Result<*mut SvQp, c_int> {
+    // SAFETY: a live PD of ours (or NULL).
+    let udp_pd = unsafe { pd_udp(pd) }.ok_or(libc::EINVAL)?;
+    // SAFETY: a live PD records its live context.
+    let context = unsafe { (*pd).context };
+    // SAFETY: same context.
+    let c = unsafe { udp_context(context) }.ok_or(libc::EINVAL)?;
+    // SAFETY: live CQs of ours (or NULL).
+    let (Some(scq), Some(rcq)) = (unsafe { (cq_inner(send_cq), cq_inner(recv_cq)) }) else {
+        return Err(libc::EINVAL);
+    };
+    let cap = verbs_api::QpCap {
+        max_send_wr,
+        max_recv_wr,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let udp = c
+        .udp
+        .open_gsi(udp_pd, &scq.udp, &rcq.udp, cap)
+        .map_err(|e| e.errno())?;
+    let a = ibv_qp_init_attr {
+        qp_context: std::ptr::null_mut(),
+        send_cq,
+        recv_cq,
+        srq: std::ptr::null_mut(),
+        cap: convert::cap_to(&cap),
+        qp_type: IBV_QPT_UD,
+        sq_sig_all: 0,
+    };
+    // SAFETY: `pd` is a live PD of ours, `context` its context, `c` that context's state.
+    Ok(unsafe { wrap_qp(pd, context, c, &a, udp, IBV_QPS_RTS) })
 }
 
 /// `ibv_create_qp`: RC, UC and UD (`EOPNOTSUPP` for XRC and raw-packet QPs); the granted

@@ -1,6 +1,7 @@
 //! The built `libibverbs.so.1` defines every symbol and version node of the committed export
-//! list (Debian 12's libibverbs1, rdma-core 44), and the committed list matches the installed
-//! rdma-core 44 library when there is one.
+//! list (Debian 12's libibverbs1, rdma-core 44) plus softverbs' private exports
+//! (`softverbs-private-exports.txt`, node `SOFTVERBS_PRIVATE_1`) and nothing else, and the
+//! committed list matches the installed rdma-core 44 library when there is one.
 //!
 //! Needs `scripts/build-libibverbs.sh` to have run (the test does not build it: a nested cargo
 //! build would wait on this one's lock) and `nm`; skipped loudly otherwise. A symbol that
@@ -23,8 +24,12 @@ fn root() -> PathBuf {
 /// `(name, version)` pairs of the committed list, the default version of each name (or its
 /// only one), and the version nodes.
 fn expected() -> Exports {
-    let text =
-        std::fs::read_to_string(root().join("emu/ibverbs/libibverbs-44-exports.txt")).unwrap();
+    list("emu/ibverbs/libibverbs-44-exports.txt")
+}
+
+/// Like [`expected`] for the export list at `path` (relative to the repository root).
+fn list(path: &str) -> Exports {
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
     let mut default = std::collections::BTreeMap::new();
     let mut nodes = BTreeSet::new();
     for line in text
@@ -93,7 +98,16 @@ fn built_library_defines_every_export_and_version_node() {
         eprintln!("SKIPPED: nm is not installed");
         return;
     };
-    let (want, want_nodes) = expected();
+    let (mut want, mut want_nodes) = expected();
+    let (private, private_nodes) = list("emu/ibverbs/softverbs-private-exports.txt");
+    assert!(
+        private_nodes
+            .iter()
+            .all(|n| n.starts_with("SOFTVERBS_PRIVATE_")),
+        "softverbs' own exports stay out of rdma-core's nodes: {private_nodes:?}"
+    );
+    want.extend(private);
+    want_nodes.extend(private_nodes);
     let missing: Vec<_> = want.difference(&syms).collect();
     assert!(missing.is_empty(), "missing exports: {missing:?}");
     let extra: Vec<_> = syms.difference(&want).collect();

@@ -1,6 +1,7 @@
 //! Unmodified rdma-core programs on the built library: `ibv_devinfo -v`, an
 //! `ibv_rc_pingpong` and an `ibv_ud_pingpong` server/client pair (two processes, zero configuration: each binds its
-//! own 127.x.y.z:4791), and `tests/c/extended.c`, a C program of the extended verbs.
+//! own 127.x.y.z:4791), `tests/c/extended.c`, a C program of the extended verbs, and
+//! `tests/c/gsi.c`, which opens the GSI through `dlsym(RTLD_DEFAULT, "softverbs_open_gsi")`.
 //!
 //! Needs `scripts/build-libibverbs.sh` to have run (its output directory: `LIBIBVERBS_DIR`,
 //! default `target/libibverbs`) and Debian's `ibverbs-utils`; skipped
@@ -169,6 +170,19 @@ fn pingpong_pair(lib: &Path, prog: &Path, extra: &[&str]) {
 /// reaches this library's function pointers.
 #[test]
 fn c_program_uses_the_extended_verbs_through_the_header() {
+    run_c_program("extended", "127.0.93.1,127.0.93.2");
+}
+
+/// `tests/c/gsi.c`: `softverbs_open_gsi` found with `dlsym(RTLD_DEFAULT, …)` as the rdma_cm
+/// drop-in finds it; a MAD between two devices' QP1s.
+#[test]
+fn c_program_opens_the_gsi_through_dlsym() {
+    run_c_program("gsi", "127.0.96.1,127.0.96.2");
+}
+
+/// Compiles `tests/c/<name>.c` against the installed `verbs.h`, links it with the built library
+/// and runs it on two devices at `addrs`; it must print "ok" and exit 0.
+fn run_c_program(name: &str, addrs: &str) {
     let Some(lib) = lib_dir() else {
         return;
     };
@@ -178,10 +192,11 @@ fn c_program_uses_the_extended_verbs_through_the_header() {
         );
         return;
     }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/extended.c");
-    let dir = std::env::temp_dir().join(format!("softverbs-ibverbs-c-{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let dir =
+        std::env::temp_dir().join(format!("softverbs-ibverbs-c-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("extended");
+    let exe = dir.join(name);
     let built = Command::new("cc")
         .arg("-Wall")
         .arg("-o")
@@ -189,6 +204,7 @@ fn c_program_uses_the_extended_verbs_through_the_header() {
         .arg(&src)
         .arg(format!("-L{}", lib.display()))
         .arg("-libverbs")
+        .arg("-ldl")
         .output();
     let built = match built {
         Ok(b) => b,
@@ -204,7 +220,7 @@ fn c_program_uses_the_extended_verbs_through_the_header() {
     );
     let child = Command::new(&exe)
         .env("LD_LIBRARY_PATH", &lib)
-        .env("SOFTVERBS_UDP_ADDRS", "127.0.93.1,127.0.93.2")
+        .env("SOFTVERBS_UDP_ADDRS", addrs)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -70,6 +70,15 @@ pub const GID_TBL_LEN: u32 = 16;
 /// The first QP number handed out (QPN 0 and 1 are the special QPs; rxe starts at 0x11).
 pub const FIRST_QPN: u32 = 0x11;
 
+/// The GSI's QP number (IBTA 14.2.5: QP1, the general services interface).
+pub const GSI_QPN: u32 = 1;
+
+/// The GSI's Q_Key (IBTA 14.2.5.7: the well-known Q_Key 0x8001_0000).
+pub const GSI_QKEY: u32 = 0x8001_0000;
+
+// The GSI must stay outside the numbers `create_qp` hands out.
+const _: () = assert!(FIRST_QPN > GSI_QPN);
+
 #[derive(Clone, Debug, Default)]
 struct PdEntry {
     /// MRs, QPs and SRQs in this PD.
@@ -109,6 +118,8 @@ pub struct Hca {
     ahs: Table<AhEntry>,
     /// QPs by `qpn - FIRST_QPN`.
     qps: Table<Qp>,
+    /// The GSI (QPN 1), when open ([`Hca::create_gsi`]).
+    gsi: Option<Qp>,
     events: VecDeque<AsyncEvent>,
     notifications: VecDeque<Notification>,
     /// QPs that may have a packet to send, each at most once (`rc.queued`).
@@ -170,6 +181,7 @@ impl Hca {
             srqs: Table::default(),
             ahs: Table::default(),
             qps: Table::default(),
+            gsi: None,
             events: VecDeque::new(),
             notifications: VecDeque::new(),
             ready: VecDeque::new(),
@@ -743,6 +755,94 @@ impl Hca {
         srq: Option<SrqId>,
         init: &QpInitAttr,
     ) -> Result<u32> {
+        let qp = self.new_qp(pd, send_cq, recv_cq, srq, init)?;
+        if self.qps.len() >= self.config.limits.max_qp as usize {
+            return Err(Error::no_memory("max_qp QPs created"));
+        }
+        let index = self
+            .qps
+            .insert(qp)
+            .ok_or_else(|| Error::no_memory("QP table exhausted"))?;
+        let qpn = index + FIRST_QPN;
+        if qpn > verbs_api::MAX_24BIT {
+            self.qps.remove(index);
+            return Err(Error::no_memory("QP number space exhausted"));
+        }
+        if let Some(qp) = self.qps.get_mut(index) {
+            qp.qpn = qpn;
+        }
+        self.retain_qp_refs(pd, send_cq, recv_cq, srq, 1);
+        tracing::debug!(kind = "verbs.qp", op = "create", qp = qpn, qp_type = ?init.qp_type);
+        Ok(qpn)
+    }
+
+    /// Opens the GSI: QP number [`GSI_QPN`], a UD QP already in RTS with Q_Key [`GSI_QKEY`]
+    /// (the well-known values of IBTA 14.2.5), receiving the UD datagrams addressed to QP1 and
+    /// sending like any UD QP. One per device: `Busy` while open. Other errors as
+    /// [`Hca::create_qp`] (`init.qp_type` is ignored: the GSI is UD, without SRQ). Closed by
+    /// [`Hca::destroy_qp`] with QPN 1.
+    pub fn create_gsi(
+        &mut self,
+        now: Instant,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        init: &QpInitAttr,
+    ) -> Result<u32> {
+        if self.gsi.is_some() {
+            return Err(Error::busy("the GSI (QP1) is already open"));
+        }
+        let init = QpInitAttr {
+            qp_type: QpType::Ud,
+            ..*init
+        };
+        let mut qp = self.new_qp(pd, send_cq, recv_cq, None, &init)?;
+        qp.qpn = GSI_QPN;
+        self.gsi = Some(qp);
+        self.retain_qp_refs(pd, send_cq, recv_cq, None, 1);
+        tracing::debug!(kind = "verbs.qp", op = "create", qp = GSI_QPN, qp_type = ?QpType::Ud);
+        let steps = [
+            (
+                QpAttr {
+                    qp_state: QpState::Init,
+                    qkey: GSI_QKEY,
+                    ..QpAttr::default()
+                },
+                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+            ),
+            (
+                QpAttr {
+                    qp_state: QpState::Rtr,
+                    ..QpAttr::default()
+                },
+                QpAttrMask::STATE,
+            ),
+            (
+                QpAttr {
+                    qp_state: QpState::Rts,
+                    ..QpAttr::default()
+                },
+                QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+            ),
+        ];
+        for (attr, mask) in steps {
+            if let Err(e) = self.modify_qp(now, GSI_QPN, &attr, mask) {
+                let _ = self.destroy_qp(GSI_QPN);
+                return Err(e);
+            }
+        }
+        Ok(GSI_QPN)
+    }
+
+    /// Validates `create_qp`'s arguments and builds the QP (number 0 until placed).
+    fn new_qp(
+        &self,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        srq: Option<SrqId>,
+        init: &QpInitAttr,
+    ) -> Result<Qp> {
         self.pds
             .get(pd.0)
             .ok_or_else(|| Error::invalid("no such PD"))?;
@@ -771,10 +871,7 @@ impl Hca {
                 "{name} {v} above the device limit {max}"
             )));
         }
-        if self.qps.len() >= l.max_qp as usize {
-            return Err(Error::no_memory("max_qp QPs created"));
-        }
-        let qp = Qp {
+        Ok(Qp {
             qpn: 0,
             qp_type: init.qp_type,
             pd,
@@ -796,22 +893,7 @@ impl Hca {
             rq: VecDeque::new(),
             rc: crate::rc::RcState::default(),
             peer_ip: QpAttr::default().ah_attr.dgid.to_ip(),
-        };
-        let index = self
-            .qps
-            .insert(qp)
-            .ok_or_else(|| Error::no_memory("QP table exhausted"))?;
-        let qpn = index + FIRST_QPN;
-        if qpn > verbs_api::MAX_24BIT {
-            self.qps.remove(index);
-            return Err(Error::no_memory("QP number space exhausted"));
-        }
-        if let Some(qp) = self.qps.get_mut(index) {
-            qp.qpn = qpn;
-        }
-        self.retain_qp_refs(pd, send_cq, recv_cq, srq, 1);
-        tracing::debug!(kind = "verbs.qp", op = "create", qp = qpn, qp_type = ?init.qp_type);
-        Ok(qpn)
+        })
     }
 
     /// `ibv_modify_qp` (rc-transport.md §5.1). Validates everything first; on error nothing
@@ -1030,13 +1112,13 @@ impl Hca {
 
     /// `ibv_destroy_qp`: outstanding work is discarded without completions.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
-        let index = qpn
-            .checked_sub(FIRST_QPN)
-            .ok_or_else(|| Error::invalid("no such QP"))?;
-        let qp = self
-            .qps
-            .remove(index)
-            .ok_or_else(|| Error::invalid("no such QP"))?;
+        let qp = if qpn == GSI_QPN {
+            self.gsi.take()
+        } else {
+            qpn.checked_sub(FIRST_QPN)
+                .and_then(|index| self.qps.remove(index))
+        }
+        .ok_or_else(|| Error::invalid("no such QP"))?;
         self.retain_qp_refs(qp.pd, qp.send_cq, qp.recv_cq, qp.srq, -1);
         crate::mw::unbind_qp(&mut self.mws, qpn);
         // `stats()` sums destroyed QPs too (stats.rs), and no timer may outlive its QP.
@@ -1098,7 +1180,13 @@ impl Hca {
         let qpn = pkt.bth.dest_qp;
         let _qp = tracing::level_enabled!(tracing::Level::DEBUG)
             .then(|| tracing::debug_span!("qp", qp = qpn).entered());
-        let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Rc) else {
+        let Some(qp) = receiving_qp(
+            &mut self.qps,
+            &mut self.gsi,
+            &mut self.stats,
+            qpn,
+            QpType::Rc,
+        ) else {
             return;
         };
         if let Some(cause) = refusal(qp, &pkt, src.ip()) {
@@ -1124,7 +1212,13 @@ impl Hca {
             return;
         };
         let qpn = sack.bth.dest_qp;
-        let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Rc) else {
+        let Some(qp) = receiving_qp(
+            &mut self.qps,
+            &mut self.gsi,
+            &mut self.stats,
+            qpn,
+            QpType::Rc,
+        ) else {
             return;
         };
         let cause = if !rc::sr::enabled(qp) {
@@ -1155,7 +1249,13 @@ impl Hca {
             return;
         };
         let qpn = pkt.bth.dest_qp;
-        let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Uc) else {
+        let Some(qp) = receiving_qp(
+            &mut self.qps,
+            &mut self.gsi,
+            &mut self.stats,
+            qpn,
+            QpType::Uc,
+        ) else {
             return;
         };
         if let Some(cause) = refusal(qp, &pkt, src) {
@@ -1176,7 +1276,13 @@ impl Hca {
         let qpn = pkt.bth.dest_qp;
         let _qp = tracing::level_enabled!(tracing::Level::DEBUG)
             .then(|| tracing::debug_span!("qp", qp = qpn).entered());
-        let Some(qp) = receiving_qp(&mut self.qps, &mut self.stats, qpn, QpType::Ud) else {
+        let Some(qp) = receiving_qp(
+            &mut self.qps,
+            &mut self.gsi,
+            &mut self.stats,
+            qpn,
+            QpType::Ud,
+        ) else {
             return;
         };
         let mut ctx = step_ctx!(self, now, mem);
@@ -1199,7 +1305,7 @@ impl Hca {
             self.timers.pop_first();
             let _span = self.qp_span(Some(now), qpn);
             tracing::debug!(kind = "timer.fired", at = at.as_nanos());
-            let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
+            let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
                 continue;
             };
             qp.rc.timer_key = None;
@@ -1224,7 +1330,7 @@ impl Hca {
         while let Some(qpn) = self.ready.pop_front() {
             // Spans only for a QP with work: the driver calls this in its loops.
             let _span = self.qp_span(Some(now), qpn);
-            let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
+            let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
                 continue;
             };
             qp.rc.queued = false;
@@ -1310,12 +1416,13 @@ impl Hca {
         let live = self
             .timers
             .entries()
-            .filter(|&(t, q)| timer_live(&self.qps, t, q))
+            .filter(|&(t, q)| timer_live(&self.qps, &self.gsi, t, q))
             .map(|(t, q)| (rebase(t), q))
             .collect();
         c.timers = TimerIndex::from_entries(live);
-        for i in 0..u32::try_from(c.qps.capacity()).unwrap_or(u32::MAX) {
-            if let Some(qp) = c.qps.get_mut(i) {
+        let slots = u32::try_from(c.qps.capacity()).unwrap_or(u32::MAX);
+        for qpn in (FIRST_QPN..FIRST_QPN.saturating_add(slots)).chain([GSI_QPN]) {
+            if let Some(qp) = qp_in_mut(&mut c.qps, &mut c.gsi, qpn) {
                 qp.rc.stats = Stats::default();
                 qp.rc.retransmit_at = qp.rc.retransmit_at.map(rebase);
                 qp.rc.rnr_at = qp.rc.rnr_at.map(rebase);
@@ -1338,6 +1445,9 @@ impl Hca {
             if let Some(qp) = self.qps.get(i) {
                 total += qp.rc.stats;
             }
+        }
+        if let Some(qp) = &self.gsi {
+            total += qp.rc.stats;
         }
         total
     }
@@ -1441,7 +1551,7 @@ impl Hca {
     }
 
     fn mark_ready(&mut self, qpn: u32) {
-        if let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) {
+        if let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) {
             if !qp.rc.queued {
                 qp.rc.queued = true;
                 self.ready.push_back(qpn);
@@ -1472,7 +1582,7 @@ impl Hca {
 
     /// Keeps the timer index in step with the QP's earliest deadline.
     fn sync_timer(&mut self, qpn: u32) {
-        let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| self.qps.get_mut(i)) else {
+        let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
             return;
         };
         let want = qp.rc.deadline();
@@ -1492,8 +1602,8 @@ impl Hca {
 
     /// Drops dead timer entries from the front of the index (see [`TimerIndex`]).
     fn purge_timers(&mut self) {
-        let qps = &self.qps;
-        self.timers.purge(|at, qpn| timer_live(qps, at, qpn));
+        let (qps, gsi) = (&self.qps, &self.gsi);
+        self.timers.purge(|at, qpn| timer_live(qps, gsi, at, qpn));
     }
 
     fn check_cqe(&self, cqe: u32) -> Result<()> {
@@ -1519,14 +1629,12 @@ impl Hca {
     }
 
     fn qp(&self, qpn: u32) -> Result<&Qp> {
-        qpn.checked_sub(FIRST_QPN)
-            .and_then(|i| self.qps.get(i))
+        qp_in(&self.qps, &self.gsi, qpn)
             .ok_or_else(|| Error::invalid(format!("no such QP {qpn:#x}")))
     }
 
     fn qp_mut(&mut self, qpn: u32) -> Result<&mut Qp> {
-        qpn.checked_sub(FIRST_QPN)
-            .and_then(|i| self.qps.get_mut(i))
+        qp_in_mut(&mut self.qps, &mut self.gsi, qpn)
             .ok_or_else(|| Error::invalid(format!("no such QP {qpn:#x}")))
     }
 
@@ -1677,11 +1785,12 @@ const OPTIONAL_ACCESS_RANGE: u32 = 0x3FF0_0000;
 /// RC opcode for a UD QP or the reverse does not match its transport, and rxe drops it too).
 fn receiving_qp<'a>(
     qps: &'a mut Table<Qp>,
+    gsi: &'a mut Option<Qp>,
     stats: &mut Stats,
     qpn: u32,
     ty: QpType,
 ) -> Option<&'a mut Qp> {
-    let Some(qp) = qpn.checked_sub(FIRST_QPN).and_then(|i| qps.get_mut(i)) else {
+    let Some(qp) = qp_in_mut(qps, gsi, qpn) else {
         stats.count_drop(RxDropCause::UnknownQp);
         return None;
     };
@@ -1693,10 +1802,24 @@ fn receiving_qp<'a>(
 }
 
 /// True if QP `qpn` exists and its deadline is `at`: its timer entry `(at, qpn)` is live.
-fn timer_live(qps: &Table<Qp>, at: Instant, qpn: u32) -> bool {
-    qpn.checked_sub(FIRST_QPN)
-        .and_then(|i| qps.get(i))
-        .is_some_and(|qp| qp.rc.timer_key == Some(at))
+fn timer_live(qps: &Table<Qp>, gsi: &Option<Qp>, at: Instant, qpn: u32) -> bool {
+    qp_in(qps, gsi, qpn).is_some_and(|qp| qp.rc.timer_key == Some(at))
+}
+
+/// QP `qpn`: the GSI for [`GSI_QPN`], else the table's entry `qpn - FIRST_QPN`.
+fn qp_in<'a>(qps: &'a Table<Qp>, gsi: &'a Option<Qp>, qpn: u32) -> Option<&'a Qp> {
+    if qpn == GSI_QPN {
+        return gsi.as_ref();
+    }
+    qpn.checked_sub(FIRST_QPN).and_then(|i| qps.get(i))
+}
+
+/// [`qp_in`], mutable.
+fn qp_in_mut<'a>(qps: &'a mut Table<Qp>, gsi: &'a mut Option<Qp>, qpn: u32) -> Option<&'a mut Qp> {
+    if qpn == GSI_QPN {
+        return gsi.as_mut();
+    }
+    qpn.checked_sub(FIRST_QPN).and_then(|i| qps.get_mut(i))
 }
 
 fn saturating_nanos(t: Instant, now: Instant) -> u64 {

@@ -28,7 +28,9 @@ pub mod wire;
 
 pub use config::{HcaConfig, Limits};
 pub use events::EventRouter;
-pub use hca::{FIRST_QPN, GID_TBL_LEN, Hca, MAX_PACKET_LEN, Notification, Transmit};
+pub use hca::{
+    FIRST_QPN, GID_TBL_LEN, GSI_QKEY, GSI_QPN, Hca, MAX_PACKET_LEN, Notification, Transmit,
+};
 pub use ids::{AhId, ChannelId, CqId, MrInfo, PdId, SrqId};
 pub use memory::{AtomicOp, Memory, MemoryFault, NoMemory};
 pub use rc::PacketClass;

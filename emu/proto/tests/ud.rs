@@ -508,3 +508,86 @@ fn ud_packets_to_an_unknown_qp_are_dropped() {
     assert!(b.wcs().is_empty());
     assert_eq!(b.hca.stats().rx_drops.get(RxDropCause::UnknownQp), 1);
 }
+
+/// Opens the GSI on `n` (QPN 1, RTS, Q_Key 0x8001_0000) and makes it the node's QP.
+fn open_gsi(n: &mut Node) {
+    let qpn = n
+        .hca
+        .create_gsi(Instant::ZERO, n.pd, n.cq, n.cq, &QpInitAttr::ud(cap()))
+        .unwrap();
+    assert_eq!(qpn, emu_proto::GSI_QPN);
+    n.qpn = qpn;
+}
+
+#[test]
+fn gsi_is_qp1_in_rts_with_the_well_known_qkey_and_one_per_device() {
+    let (mut a, _) = pair();
+    let ud_qpn = a.qpn;
+    open_gsi(&mut a);
+    let attr = a.hca.query_qp(1).unwrap();
+    assert_eq!(
+        (attr.qp_state, attr.qkey),
+        (QpState::Rts, emu_proto::GSI_QKEY)
+    );
+    const { assert!(emu_proto::FIRST_QPN > emu_proto::GSI_QPN) };
+    let again = a
+        .hca
+        .create_gsi(Instant::ZERO, a.pd, a.cq, a.cq, &QpInitAttr::ud(cap()));
+    assert_eq!(again.unwrap_err().kind, ErrorKind::Busy);
+    // Ordinary QPs keep their numbers; the GSI closes like any QP and may be opened again.
+    let next = a
+        .hca
+        .create_qp(a.pd, a.cq, a.cq, None, &QpInitAttr::ud(cap()))
+        .unwrap();
+    assert_eq!(next, ud_qpn + 1);
+    a.hca.destroy_qp(1).unwrap();
+    assert!(a.hca.query_qp(1).is_err());
+    open_gsi(&mut a);
+    let bad = a
+        .hca
+        .create_gsi(Instant::ZERO, PdId(99), a.cq, a.cq, &QpInitAttr::ud(cap()));
+    assert!(bad.is_err());
+}
+
+/// A MAD-sized datagram from A's GSI to B's QP1: B's receive completion names source QPN 1 and
+/// the GRH gives A's GID, as for any UD QP.
+#[test]
+fn gsi_to_gsi_datagram_names_its_source() {
+    let (mut a, mut b) = pair();
+    open_gsi(&mut a);
+    open_gsi(&mut b);
+    b.recv(5, 0, (GRH_LEN + 256) as u32);
+    let dest = UdDest {
+        ah: a.ah.0,
+        remote_qpn: 1,
+        remote_qkey: emu_proto::GSI_QKEY,
+    };
+    let mad: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
+    a.mem.write(a.mr.lkey, 0, &mad).unwrap();
+    a.send(1, SendOp::Send, 0, 256, dest);
+    let sent = a.transmit();
+    assert_eq!(sent.len(), 1);
+    let deth = Deth::new_checked(&sent[0].2[12..]).unwrap();
+    assert_eq!((deth.qkey(), deth.src_qp()), (emu_proto::GSI_QKEY, 1));
+    b.deliver(a.ip, sent[0].1, &sent[0].2);
+    let wc = b.wcs()[0];
+    assert_eq!(
+        (wc.status, wc.src_qp, wc.qp_num, wc.byte_len),
+        (WcStatus::Success, 1, 1, GRH_LEN as u32 + 256)
+    );
+    let grh = b.read(0, GRH_LEN);
+    let ah = init_ah_from_wc(&wc, &grh, 1).unwrap();
+    assert_eq!(ah.dgid, Gid::from_ip(IpAddr::V4(A_IP)));
+    assert_eq!(b.read(GRH_LEN as u64, 256), mad);
+    // A datagram to QP1 with another Q_Key is dropped (IBTA 14.2.5.7).
+    let dest = UdDest {
+        remote_qkey: QKEY,
+        ..dest
+    };
+    b.recv(6, 0, (GRH_LEN + 256) as u32);
+    a.send(2, SendOp::Send, 0, 256, dest);
+    for (_, sport, bytes) in a.transmit() {
+        b.deliver(a.ip, sport, &bytes);
+    }
+    assert_eq!(b.drops(RxDropCause::BadQkey), 1);
+}

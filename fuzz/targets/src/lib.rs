@@ -5,7 +5,7 @@
 //! stable replay test `tests/tests/fuzz_corpus_replay.rs` of the root workspace, which includes
 //! it with `#[path]` and runs every file of `fuzz/corpus/<target>/` through it. Hence the rules
 //! for these files: depend on nothing but `std`, `verbs-api`, `emu-proto`, `emu-fault`,
-//! `emu-sim` and `softverbs-cli` (the replay test's crate has exactly these); no `cfg(fuzzing)` (the root workspace
+//! `emu-sim`, `emu-cm` and `softverbs-cli` (the replay test's crate has exactly these); no `cfg(fuzzing)` (the root workspace
 //! does not declare that cfg); no `unwrap`/`expect` (root workspace lints); every `pub` item is
 //! a target the replay test calls (anything else would be dead code there).
 //!
@@ -17,12 +17,14 @@
 
 use core::net::{Ipv4Addr, Ipv6Addr};
 
+mod cm_mad;
 mod common;
 mod completer;
 mod pair;
 mod responder;
 mod verbs_ops;
 
+pub use cm_mad::cm_mad;
 pub use completer::completer;
 pub use pair::pair;
 pub use responder::responder;

@@ -24,6 +24,7 @@ use verbs_api::{
     Provider, QpAttr, QpState, QueuePair, WorkCompletion,
 };
 
+pub mod cm_probe;
 pub mod icrc_check;
 pub mod pingpong;
 mod pingpong_shared;

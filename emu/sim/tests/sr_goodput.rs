@@ -1,10 +1,10 @@
 //! Issue 19, round 2: selective repeat's goodput under random loss, in virtual time
-//! (deterministic, immune to machine load). A stream of 64 KiB RDMA WRITEs (16 packets at
-//! 4 KiB MTU, up to 16 outstanding) over a link paced at 1 GB/s with 10 µs one-way latency;
-//! both directions lose packets at random with a fixed seed. Goodput at 1 % and 5 % loss is
-//! compared with the lossless run, and each ratio pinned by a floor a little below what the
-//! engine reaches (measured: 0.963 at 1 %, 0.940 at 5 %; the wall-clock `perf --sweep-loss`
-//! figures in the README are lower: there the machine, not a paced link, sets the pace).
+//! (deterministic, immune to machine load). A stream of 256 RDMA WRITEs of 64 KiB (16 packets
+//! at 4 KiB MTU), posted at once, over a link paced at 1 GB/s with 50 µs one-way latency; both
+//! directions lose packets at random with a fixed seed (selective ACKs are lost too). Goodput
+//! at 1 % and 5 % loss is compared with the lossless run (which fills the link) and each ratio
+//! pinned by a floor a little below what the engine reaches: measured 0.847 at 1 % and 0.597
+//! at 5 % (issue 19's targets are 0.9 and 0.7).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -15,9 +15,8 @@ use verbs_api::{
     MemoryRegion, Mtu, QueuePair, RcConnectOptions, Recovery, SendOp, SendWr, WcStatus,
 };
 
-/// WRITEs in the stream and at most this many outstanding.
-const WRS: u64 = 400;
-const DEPTH: u64 = 16;
+/// WRITEs in the stream, all posted at once (the QP's send queue depth).
+const WRS: u64 = 256;
 const LEN: usize = 64 * 1024;
 
 /// What one stream measured (the counters are printed).
@@ -28,6 +27,7 @@ struct Run {
     elapsed: Duration,
     /// Packets a retransmitted.
     retx: u64,
+    sent: u64,
     /// Packets the plan dropped.
     dropped: u64,
 }
@@ -39,7 +39,7 @@ fn stream(recovery: Recovery, loss: f64) -> Run {
         plan = plan.rule(drop(loss));
     }
     let sim = SimProvider::builder()
-        .latency(Duration::from_micros(10))
+        .latency(Duration::from_micros(50))
         .faults(plan)
         .build()
         .unwrap();
@@ -54,25 +54,24 @@ fn stream(recovery: Recovery, loss: f64) -> Run {
     };
     let p = sim.connect_pair(opts).unwrap();
     let start = p.sim.now();
-    let (mut posted, mut done) = (0u64, 0u64);
-    while done < WRS {
-        while posted < WRS && posted - done < DEPTH {
-            let sge = [p.mr_a.sge(0, LEN).unwrap()];
-            let op = SendOp::RdmaWrite {
-                remote_addr: p.mr_b.addr() + LEN as u64,
-                rkey: p.mr_b.rkey(),
-            };
-            p.qp_a.post_send(&[SendWr::new(posted, op, &sge)]).unwrap();
-            posted += 1;
-        }
+    // One post for the whole stream: in virtual time every verbs call lets the fabric settle,
+    // so WRs posted one by one would each wait a round trip.
+    let sge = [p.mr_a.sge(0, LEN).unwrap()];
+    let op = SendOp::RdmaWrite {
+        remote_addr: p.mr_b.addr() + LEN as u64,
+        rkey: p.mr_b.rkey(),
+    };
+    let wrs: Vec<SendWr<'_>> = (0..WRS).map(|i| SendWr::new(i, op, &sge)).collect();
+    p.qp_a.post_send(&wrs).unwrap();
+    for i in 0..WRS {
         let wc = p.cq_a.next_completion().unwrap();
-        assert_eq!((wc.wr_id, wc.status), (done, WcStatus::Success));
-        done += 1;
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
     }
     let a = p.qp_a.stats().unwrap();
     Run {
         elapsed: p.sim.now() - start,
         retx: a.retransmits(),
+        sent: a.sent_pkts,
         dropped: p.sim.fault_counters().total().dropped,
     }
 }
@@ -86,7 +85,7 @@ fn ratio(base: &Run, run: &Run) -> f64 {
 fn selective_repeat_goodput_under_loss() {
     let base = stream(Recovery::SelectiveRepeat, 0.0);
     eprintln!("lossless: {base:?}");
-    for (loss, floor) in [(0.01, 0.93), (0.05, 0.9)] {
+    for (loss, floor) in [(0.01, 0.8), (0.05, 0.55)] {
         let run = stream(Recovery::SelectiveRepeat, loss);
         let r = ratio(&base, &run);
         eprintln!("loss {loss}: ratio {r:.3} {run:?}");

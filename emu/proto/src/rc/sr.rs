@@ -30,8 +30,10 @@ use crate::time::Instant;
 use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN};
 
 /// A missing unit is resent once transmissions this many sequence numbers after its own have
-/// been delivered: reordering by fewer packets never causes a resend (issue 19 item 3).
-pub(crate) const REORDER_THRESHOLD: u64 = 16;
+/// been delivered: reordering by fewer packets never causes a resend (issue 19 item 3). Eight
+/// keeps a margin over the ~5 places the emu-sim reordering test overtakes by, and detects a
+/// loss 8 deliveries sooner than 16 did (5 % loss, `emu-sim` `sr_goodput`: 0.60× → 0.79×).
+pub(crate) const REORDER_THRESHOLD: u64 = 8;
 
 /// The requester's window with selective repeat, in un-ACKed PSNs: everything in flight stays
 /// within one selective ACK's bitmap ([`SACK_SPAN`] PSNs after the responder's ePSN, which is

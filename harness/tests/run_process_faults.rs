@@ -104,12 +104,12 @@ fn a_killed_node_restarts_with_a_fresh_device_and_the_run_goes_on() {
 [[process]]
 node = 2
 action = "kill"
-after_ops = 300
+after_ops = 50
 
 [[process]]
 node = 2
 action = "restart"
-at = "500ms"
+at = "1s"
 "#;
     let out = run(
         "restart",
@@ -119,7 +119,7 @@ at = "500ms"
             "--workload",
             "mixed",
             "--duration",
-            "1s",
+            "2s",
             "--seed",
             "23",
             "--timeout",

@@ -18,6 +18,7 @@
 //! [`Cm::poll_transmit`], [`Cm::poll_event`], [`Cm::poll_timeout`], [`Cm::handle_timeout`].
 
 mod api;
+pub mod connector;
 mod machine;
 pub mod wire;
 

@@ -1,0 +1,68 @@
+//! `softverbs run --cm rdma`: node pairs connect their RC QPs through the IB CM over the
+//! devices' GSIs (REQ from the higher node, REP, RTU), then run and verify as usual.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{num, run};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn assert_passed(out: &common::Outcome) {
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let report = out.report();
+    assert_eq!(report["passed"], true, "{}", out.dump());
+    assert_eq!(num(&report["violations"]), 0);
+    assert!(out.stdout.contains("result: PASS"), "{}", out.dump());
+}
+
+fn cm_run(name: &str, nodes: &str, plan: Option<&str>) -> common::Outcome {
+    let args = [
+        "--cm",
+        "rdma",
+        "--nodes",
+        nodes,
+        "--workload",
+        "mixed",
+        "--ops",
+        "200",
+        "--seed",
+        "3",
+        "--timeout",
+        "30s",
+    ];
+    run(name, &args, plan, LIMIT)
+}
+
+#[test]
+fn two_nodes_connect_through_the_cm_and_pass() {
+    let out = cm_run("cm-two", "2", None);
+    assert_passed(&out);
+    let replay = out.report()["replay"].as_str().unwrap();
+    assert!(replay.contains(" --cm rdma"), "{replay}");
+}
+
+#[test]
+fn three_nodes_connect_through_the_cm_and_pass() {
+    assert_passed(&cm_run("cm-three", "3", None));
+}
+
+#[test]
+fn cm_run_with_loss_passes() {
+    let plan = "seed = 11\n[[rule]]\naction = \"drop\"\nprobability = 0.02\n";
+    let out = cm_run("cm-loss", "3", Some(plan));
+    assert_passed(&out);
+}
+
+#[test]
+fn cm_rdma_refuses_ud_and_many_qps() {
+    for extra in [["--workload", "ud-send"], ["--qps-per-peer", "2"]] {
+        let mut args = vec!["--cm", "rdma", "--nodes", "2"];
+        args.extend(extra);
+        let out = run("cm-refused", &args, None, LIMIT);
+        assert_ne!(out.code, 0, "{}", out.dump());
+        assert!(out.stderr.contains("--cm rdma"), "{}", out.dump());
+    }
+}

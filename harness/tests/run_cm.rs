@@ -50,8 +50,9 @@ fn three_nodes_connect_through_the_cm_and_pass() {
 }
 
 #[test]
+/// 10 % loss on every packet, the CM MADs included (their retries), and on the workload.
 fn cm_run_with_loss_passes() {
-    let plan = "seed = 11\n[[rule]]\naction = \"drop\"\nprobability = 0.02\n";
+    let plan = "seed = 11\n[[rule]]\naction = \"drop\"\nprobability = 0.1\n";
     let out = cm_run("cm-loss", "3", Some(plan));
     assert_passed(&out);
 }

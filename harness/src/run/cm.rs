@@ -7,8 +7,11 @@
 //! link's QP to RTR and RTS with the QP number and PSNs the CM negotiated (the other QP
 //! attributes are the run's, as without the CM).
 //!
-//! What it is not: the workload's transport. The network fault plan is installed at the start
-//! barrier, after this, so CM MADs see no injected faults yet.
+//! The MADs go through the run's network fault plan (the node installs it before connecting
+//! and again, from the run's start, at the start barrier), so loss exercises CM retries.
+//!
+//! What it is not: the workload's transport, nor a CM for the rest of the run: the GSI is
+//! closed once every link is established and no MAD has moved for a while.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -29,6 +32,9 @@ const GSI_QKEY: u32 = 0x8001_0000;
 const RECVS: usize = 16;
 /// Bytes of one receive slot: the GRH, then the MAD.
 const SLOT: usize = GRH_LEN + MAD_LEN;
+/// How long a node keeps answering MADs after its last one once every link is established:
+/// a lost RTU makes the passive side resend its REP, which the active side answers again.
+const LINGER: Duration = Duration::from_millis(400);
 /// How long one MAD send may take to complete.
 const SEND_WAIT: Duration = Duration::from_secs(2);
 
@@ -99,6 +105,7 @@ pub(crate) fn connect(
     for slot in 0..RECVS {
         post_recv(&gsi, slot).map_err(err("post_recv"))?;
     }
+    let mut last_mad = Instant::now();
     loop {
         while let Some(ev) = conn.poll_event() {
             match ev {
@@ -127,13 +134,17 @@ pub(crate) fn connect(
             let ah = ahs.get(&to.gid).ok_or("--cm rdma: a MAD to no peer")?;
             send_mad(&gsi, ah, to.qpn, &mad)?;
         }
-        if conn.all_established() && !busy {
+        if busy {
+            last_mad = Instant::now();
+        }
+        if conn.all_established() && last_mad.elapsed() >= LINGER {
             return Ok(());
         }
         let mut wc = [WorkCompletion::default(); RECVS];
         let n = gsi.rcq.poll(&mut wc).map_err(err("polling the GSI"))?;
         for wc in &wc[..n] {
             busy = true;
+            last_mad = Instant::now();
             if let Some((from, mad)) = received(&gsi, wc) {
                 conn.handle_mad(now(), from, &mad);
             }

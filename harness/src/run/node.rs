@@ -341,6 +341,12 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         links.push(link);
     }
     if cfg.cm {
+        // The CM's MADs go through the same fault stage as the workload (loss exercises CM
+        // retries); the plan is installed again, from the run's start, at the start barrier.
+        if let Some(plan) = plan.as_ref().filter(|p| !p.rules.is_empty()) {
+            ctx.set_faults(Some(shift_plan(plan, device_epoch.elapsed())))
+                .map_err(err("installing the fault plan"))?;
+        }
         let cm_links: Vec<_> = by_cm
             .into_iter()
             .map(|(li, peer, ep)| crate::run::cm::CmLink {

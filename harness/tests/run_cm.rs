@@ -67,3 +67,39 @@ fn cm_rdma_refuses_ud_and_many_qps() {
         assert!(out.stderr.contains("--cm rdma"), "{}", out.dump());
     }
 }
+
+/// `softverbs campaign --cm rdma`: every run connects through the CM, the replays say so, and
+/// the campaign identity differs from the same campaign without the CM.
+#[test]
+fn campaign_carries_cm_rdma() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("run-cm-campaign");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = |cm: bool| {
+        let path = dir.join(format!("report-{cm}.json"));
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_softverbs"));
+        cmd.args(["campaign", "--runs", "2", "--nodes", "2", "--ops", "100"])
+            .args(["--seed", "1", "--workload", "mixed", "--report"])
+            .arg(&path)
+            .arg("--run-dir")
+            .arg(dir.join(format!("runs-{cm}")));
+        if cm {
+            cmd.args(["--cm", "rdma"]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    let with = report(true);
+    let without = report(false);
+    assert_eq!(with["cm"], true);
+    assert!(without.get("cm").is_none());
+    assert_ne!(with["campaign_id"], without["campaign_id"]);
+    for row in with["rows"].as_array().unwrap() {
+        assert!(
+            row["replay"].as_str().unwrap().contains(" --cm rdma"),
+            "{row}"
+        );
+    }
+}

@@ -258,9 +258,7 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
         }
     };
     check_qps_per_peer(args)?;
-    if args.cm == CmMode::Rdma && (args.workload.is_ud() || args.qps_per_peer > 1) {
-        return Err("--cm rdma: one RC QP per peer only (not ud-send, not --qps-per-peer)".into());
-    }
+    check_cm(args)?;
     if let Some(d) = &args.run_dir {
         check_given_run_dir(d)?;
     }
@@ -321,6 +319,14 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
         self_test: args.self_test,
         exe,
     })
+}
+
+/// Refuses `--cm rdma` where a link is not one RC QP: UD workloads, `--qps-per-peer` above 1.
+pub(crate) fn check_cm(args: &RunArgs) -> Result<(), String> {
+    if args.cm == CmMode::Rdma && (args.workload.is_ud() || args.qps_per_peer > 1) {
+        return Err("--cm rdma: one RC QP per peer only (not ud-send, not --qps-per-peer)".into());
+    }
+    Ok(())
 }
 
 /// Refuses a `--qps-per-peer` the workload or a node's region cannot take: UD (its links are

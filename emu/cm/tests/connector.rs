@@ -137,3 +137,47 @@ fn three_nodes_connect() {
 fn three_nodes_connect_through_loss() {
     check(3, &run(3, 3));
 }
+
+/// A REQ from a node the listener does not expect is rejected: the requester's link fails.
+#[test]
+fn a_req_from_an_unknown_node_is_rejected() {
+    let now = Instant::ZERO;
+    let link = |local: u16, peer: u16| PeerLink {
+        node: peer,
+        gsi: MadAddr {
+            gid: gid(peer),
+            qpn: 1,
+        },
+        local_qpn: qpn(local, peer),
+        recv_psn: psn(local, peer),
+    };
+    let config = |i: u16| CmConfig {
+        local_gid: gid(i),
+        ca_guid: u64::from(i),
+        seed: u64::from(i),
+    };
+    // Node 0 expects only node 1; node 2 connects to it anyway.
+    let mut a = Connector::new(now, config(0), 0, LinkParams::default(), vec![link(0, 1)]).unwrap();
+    let mut c = Connector::new(now, config(2), 2, LinkParams::default(), vec![link(2, 0)]).unwrap();
+    let from_c = MadAddr {
+        gid: gid(2),
+        qpn: 1,
+    };
+    let from_a = MadAddr {
+        gid: gid(0),
+        qpn: 1,
+    };
+    for _ in 0..4 {
+        while let Some((_, mad)) = c.poll_transmit() {
+            a.handle_mad(now, from_c, &mad);
+        }
+        while let Some((_, mad)) = a.poll_transmit() {
+            c.handle_mad(now, from_a, &mad);
+        }
+    }
+    assert!(!a.all_established() && !c.all_established());
+    let failed = std::iter::from_fn(|| c.poll_event())
+        .any(|e| matches!(e, ConnectorEvent::Failed { peer: 0, .. }));
+    assert!(failed);
+    assert!(std::iter::from_fn(|| a.poll_event()).next().is_none());
+}

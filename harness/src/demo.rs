@@ -76,6 +76,7 @@ pub fn main(args: &DemoArgs) -> u8 {
     }
     let run_args = RunArgs {
         qps_per_peer: 1,
+        cm: crate::run::CmMode::None,
         nodes: 3,
         workload: Workload::Mixed,
         faults: Some(PathBuf::from(DEMO_PLAN_PATH)),

@@ -12,12 +12,16 @@
 //! the QPs through INIT/RTR/RTS with what the events carry, and maps rdma_cm calls onto this
 //! API.
 //!
+//! [`connector`] drives one CM for a fixed set of nodes with one RC QP per peer (the harness's
+//! `softverbs run --cm rdma`).
+//!
 //! API contract shared by the CM and its user (keep it; extend it only additively):
 //! [`Cm::new`], [`Cm::listen`], [`Cm::unlisten`], [`Cm::connect`], [`Cm::accept`],
 //! [`Cm::establish`], [`Cm::reject`], [`Cm::disconnect`], [`Cm::destroy`], [`Cm::handle_mad`],
 //! [`Cm::poll_transmit`], [`Cm::poll_event`], [`Cm::poll_timeout`], [`Cm::handle_timeout`].
 
 mod api;
+pub mod connector;
 mod machine;
 pub mod wire;
 

@@ -37,7 +37,7 @@ use crate::run::orchestrator::{self, Options, Progress, RunError};
 use crate::run::plan::format_duration;
 use crate::run::proto::QpParams;
 use crate::run::report::Report;
-use crate::run::{EXIT_HARNESS, EXIT_PASS, EXIT_USAGE, EXIT_VIOLATION, RunArgs};
+use crate::run::{CmMode, EXIT_HARNESS, EXIT_PASS, EXIT_USAGE, EXIT_VIOLATION, RunArgs};
 
 /// How long each run's workload lasts when neither `--ops` nor `--duration` is given.
 pub const DEFAULT_DURATION: Duration = Duration::from_millis(1500);
@@ -167,6 +167,9 @@ pub struct CampaignArgs {
     /// RC QPs between each pair of peers in every run (`softverbs run --qps-per-peer`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=504))]
     pub qps_per_peer: u32,
+    /// How every run's node pairs connect their RC QPs (`softverbs run --cm`).
+    #[arg(long, value_enum, default_value_t = CmMode::None)]
+    pub cm: CmMode,
     /// Operations each node of each run posts (faults are then placed within the first
     /// second and may come after a short workload has ended).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "duration")]
@@ -303,6 +306,9 @@ pub struct CampaignReport {
     pub nodes: u32,
     /// RC QPs per pair of peers in every run (`--qps-per-peer`).
     pub qps_per_peer: u32,
+    /// Every run connects through the CM (`--cm rdma`); left out when not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cm: bool,
     /// `cycle`, `draw` or a workload name.
     pub workload: String,
     /// `--ops`, if given.
@@ -426,7 +432,9 @@ fn check_qps(args: &CampaignArgs, base: &RunArgs) -> Result<(), String> {
         run.nodes = args.nodes;
         run.workload = workload;
         run.qps_per_peer = args.qps_per_peer;
+        run.cm = args.cm;
         orchestrator::check_qps_per_peer(&run)?;
+        orchestrator::check_cm(&run)?;
     }
     Ok(())
 }
@@ -460,6 +468,7 @@ fn setup_jobs(args: &CampaignArgs, seed: u64, mut base: RunArgs) -> Result<Setup
     };
     base.nodes = args.nodes;
     base.qps_per_peer = args.qps_per_peer;
+    base.cm = args.cm;
     base.ops = args.ops;
     base.duration = match args.ops {
         Some(_) => None,
@@ -529,6 +538,10 @@ fn campaign_id(args: &CampaignArgs, seed: u64, base: &RunArgs, jobs: &[Job]) -> 
         base.rnr_retry,
         base.recovery.name(),
     );
+    // Absent for `--cm none`, so the identities of campaigns without the CM are unchanged.
+    if base.cm == CmMode::Rdma {
+        text += ";cm=rdma";
+    }
     for j in jobs {
         let _ = write!(
             text,
@@ -708,6 +721,7 @@ pub fn campaign(args: &CampaignArgs) -> u8 {
         recovery: args.recovery.name().to_owned(),
         nodes: args.nodes,
         qps_per_peer: args.qps_per_peer,
+        cm: args.cm == CmMode::Rdma,
         workload: args.workload.name().to_owned(),
         ops: args.ops,
         duration_ms: setup.base.duration.map(|d| d.as_millis() as u64),
@@ -823,8 +837,13 @@ fn replay(args: &RunArgs, job: &Job) -> String {
     } else {
         format!(" --recovery {}", args.recovery.name())
     };
+    let cm = if args.cm == CmMode::Rdma {
+        " --cm rdma"
+    } else {
+        ""
+    };
     format!(
-        "softverbs run --nodes {}{qps} --workload {} --seed {} --faults {}{bound}{recovery}",
+        "softverbs run --nodes {}{qps} --workload {} --seed {} --faults {}{bound}{recovery}{cm}",
         args.nodes,
         job.workload.name(),
         job.seed,

@@ -26,6 +26,7 @@
 
 pub mod campaign;
 pub mod check;
+pub mod cm;
 pub mod draw;
 pub mod layout;
 pub mod log;
@@ -41,6 +42,16 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use layout::Workload;
+
+/// How a run's node pairs connect their RC QPs (`--cm`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CmMode {
+    /// The harness's own endpoint exchange.
+    #[default]
+    None,
+    /// The IB CM over the devices' GSIs (`crate::run::cm`).
+    Rdma,
+}
 pub use node::node_main;
 pub use orchestrator::{Options, Progress, RunError, execute, run};
 
@@ -71,6 +82,11 @@ pub struct RunArgs {
     /// intact). A node holds at most 504 QPs (peers × this); not with `ud-send`.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=504))]
     pub qps_per_peer: u32,
+    /// How node pairs connect their RC QPs: `none` exchanges QP numbers and PSNs through the
+    /// harness; `rdma` runs the IB CM (REQ/REP/RTU) over the devices' GSIs, the lower node
+    /// listening. Not with `ud-send` or `--qps-per-peer` above 1.
+    #[arg(long, value_enum, default_value_t = CmMode::None)]
+    pub cm: CmMode,
     /// Plan file: network fault rules (emu-fault `[[rule]]` tables) and `[[process]]` faults.
     #[arg(long, value_name = "PLAN.toml")]
     pub faults: Option<PathBuf>,

@@ -305,6 +305,8 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         ..RcConnectOptions::default()
     };
     let mut links = Vec::with_capacity(raw.len());
+    // `--cm rdma`: the links the CM connects after they are all built (position, peer, endpoint).
+    let mut by_cm = Vec::new();
     for (pos, (peer, q, qp, scq, rcq, resp)) in raw.into_iter().enumerate() {
         let peer_pos = layout::link_position(cfg.nodes, cfg.workload, qps, peer, cfg.index, q)
             .ok_or_else(|| format!("node {peer} does not list node {}", cfg.index))?;
@@ -325,13 +327,36 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
                 ud = Some((ah, dest));
                 remote
             } else {
-                connect_peer(&ctx, &qp, psn(peer, q, 0), info, q, &opts)?
+                let (remote, ep) =
+                    connect_peer(&ctx, &qp, psn(peer, q, 0), info, q, &opts, cfg.cm)?;
+                if cfg.cm {
+                    by_cm.push((links.len(), peer, ep));
+                }
+                remote
             }
         };
         let mut link = Link::new(peer, pos, peer_pos, qp, scq, rcq, resp, remote);
         link.ud = ud;
         link.qp_index = q;
         links.push(link);
+    }
+    if cfg.cm {
+        // The CM's MADs go through the same fault stage as the workload (loss exercises CM
+        // retries); the plan is installed again, from the run's start, at the start barrier.
+        if let Some(plan) = plan.as_ref().filter(|p| !p.rules.is_empty()) {
+            ctx.set_faults(Some(shift_plan(plan, device_epoch.elapsed())))
+                .map_err(err("installing the fault plan"))?;
+        }
+        let cm_links: Vec<_> = by_cm
+            .into_iter()
+            .map(|(li, peer, ep)| crate::run::cm::CmLink {
+                peer,
+                qp: &links[li].qp,
+                recv_psn: psn(peer, 0, 0),
+                ep,
+            })
+            .collect();
+        crate::run::cm::connect(&ctx, &pd, cfg.index, cfg.seed, &cm_links, &opts, deadline)?;
     }
     let mut node = Node {
         rng: Rng::new(cfg.seed ^ layout::mix(u64::from(cfg.index) + 1)),
@@ -385,7 +410,8 @@ fn connect_peer(
     info: &PeerInfo,
     q: u32,
     opts: &RcConnectOptions,
-) -> Result<RemoteMr, String> {
+    cm: bool,
+) -> Result<(RemoteMr, Endpoint), String> {
     let ep: Endpoint = info
         .endpoint
         .split(';')
@@ -402,8 +428,12 @@ fn connect_peer(
         .parse()
         .map_err(err(&format!("peer {} address", info.index)))?;
     ctx.set_peer_node(addr, NodeId(info.index));
-    connect_rc(qp, psn, &ep, opts).map_err(err(&format!("connecting to node {}", info.index)))?;
-    Ok(remote)
+    // With the CM, the QP is connected with what the CM negotiates (`crate::run::cm`).
+    if !cm {
+        connect_rc(qp, psn, &ep, opts)
+            .map_err(err(&format!("connecting to node {}", info.index)))?;
+    }
+    Ok((remote, ep))
 }
 
 /// Brings the UD QP of a link to RTS (Q_Key [`UD_QKEY`]) and makes the address handle of

@@ -22,7 +22,7 @@ use crate::run::plan::{self, ProcessAction, ProcessFault, RunPlan, Trigger, form
 use crate::run::proto::{FromNode, NodeConfig, NodeSummary, PeerInfo, QpParams, ToNode};
 use crate::run::report::{Detection, FaultReport, NodeReport, PlanInfo, QpInfo, Report, render};
 use crate::run::selftest::{self, SelfTest};
-use crate::run::{EXIT_HARNESS, EXIT_PASS, EXIT_USAGE, EXIT_VIOLATION, RunArgs, signal};
+use crate::run::{CmMode, EXIT_HARNESS, EXIT_PASS, EXIT_USAGE, EXIT_VIOLATION, RunArgs, signal};
 
 /// How long setup (spawn, hello, connect) may take.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -35,6 +35,7 @@ struct Config {
     nodes: u32,
     workload: Workload,
     qps_per_peer: u32,
+    cm: CmMode,
     seed: u64,
     ops: Option<u64>,
     duration: Option<Duration>,
@@ -257,6 +258,7 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
         }
     };
     check_qps_per_peer(args)?;
+    check_cm(args)?;
     if let Some(d) = &args.run_dir {
         check_given_run_dir(d)?;
     }
@@ -297,6 +299,7 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
         nodes: args.nodes,
         workload: args.workload,
         qps_per_peer: args.qps_per_peer,
+        cm: args.cm,
         seed,
         ops,
         duration: args.duration,
@@ -316,6 +319,14 @@ fn validate(args: &RunArgs, plan_text: Option<&str>) -> Result<Config, String> {
         self_test: args.self_test,
         exe,
     })
+}
+
+/// Refuses `--cm rdma` where a link is not one RC QP: UD workloads, `--qps-per-peer` above 1.
+pub(crate) fn check_cm(args: &RunArgs) -> Result<(), String> {
+    if args.cm == CmMode::Rdma && (args.workload.is_ud() || args.qps_per_peer > 1) {
+        return Err("--cm rdma: one RC QP per peer only (not ud-send, not --qps-per-peer)".into());
+    }
+    Ok(())
 }
 
 /// Refuses a `--qps-per-peer` the workload or a node's region cannot take: UD (its links are
@@ -512,6 +523,7 @@ impl Orchestrator {
             nodes: self.cfg.nodes,
             workload: self.cfg.workload,
             qps_per_peer: self.cfg.qps_per_peer,
+            cm: self.cfg.cm == CmMode::Rdma,
             seed: self.cfg.seed,
             ops: self.cfg.ops,
             duration_ms: self.cfg.duration.map(|d| d.as_millis() as u64),
@@ -1130,6 +1142,9 @@ impl Orchestrator {
         );
         if c.qps_per_peer != 1 {
             cmd += &format!(" --qps-per-peer {}", c.qps_per_peer);
+        }
+        if c.cm == CmMode::Rdma {
+            cmd += " --cm rdma";
         }
         if let Some(p) = &c.plan_path {
             cmd += &format!(" --faults {}", shell_quote(p));

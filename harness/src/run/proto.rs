@@ -97,6 +97,9 @@ pub struct NodeConfig {
     /// RC QPs per peer (`--qps-per-peer`); each is a link of its own.
     #[serde(default = "one")]
     pub qps_per_peer: u32,
+    /// Connect the RC links through the IB CM over the GSIs (`--cm rdma`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cm: bool,
 }
 
 fn one() -> u32 {

@@ -43,6 +43,8 @@ struct ShardReport {
     qps_per_peer: u32,
     #[serde(default = "ibta")]
     recovery: String,
+    #[serde(default)]
+    cm: bool,
     workload: String,
     ops: Option<u64>,
     duration_ms: Option<u64>,
@@ -240,6 +242,7 @@ fn combine(paths: &[PathBuf], reports: &[ShardReport]) -> Result<Merged, String>
         nodes: setup_args.nodes,
         recovery: setup_args.recovery.name().to_owned(),
         qps_per_peer: setup_args.qps_per_peer,
+        cm: setup_args.cm == crate::run::CmMode::Rdma,
         workload: first.workload.clone(),
         ops: first.ops,
         duration_ms: first.duration_ms,
@@ -318,6 +321,11 @@ fn redraw(r: &ShardReport) -> Result<(CampaignArgs, usize, Vec<super::Job>, Stri
         seed: Some(r.seed),
         nodes: r.nodes,
         qps_per_peer: r.qps_per_peer,
+        cm: if r.cm {
+            crate::run::CmMode::Rdma
+        } else {
+            crate::run::CmMode::None
+        },
         recovery: recovery_choice(&r.recovery)?,
         workload: workload_choice(&r.workload)?,
         ops: r.ops,

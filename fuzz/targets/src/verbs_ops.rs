@@ -89,8 +89,12 @@ fn transition(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
     let none = M::empty();
     Some(match (from, to) {
         (Reset, Reset) => (none, none),
-        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
-        (Init, Init) => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        // RECOVERY: softverbs' loss-recovery extension, settable until the QP is in RTR.
+        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::RECOVERY),
+        (Init, Init) => (
+            none,
+            M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS | M::RECOVERY,
+        ),
         (Init, Rtr) => (
             M::AV
                 | M::PATH_MTU
@@ -98,7 +102,7 @@ fn transition(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
                 | M::RQ_PSN
                 | M::MAX_DEST_RD_ATOMIC
                 | M::MIN_RNR_TIMER,
-            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::RECOVERY,
         ),
         (Rtr, Rts) => (
             M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,

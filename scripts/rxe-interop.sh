@@ -533,7 +533,7 @@ say "rxe-vm exit $vm_rc after $(( $(date +%s) - t0 )) s ($(tail -1 "$OUT/rxe-vm.
 # ---- verdicts: a check passes when both sides say PASS ----------------------------------------
 tr -d '\r' <"$OUT/rxe.log" >"$OUT/rxe.clean.log"
 checks="cm-reject cm-rep"
-[ "$RDMACM" = 0 ] || checks="$checks rping-guest-client rping-host-client ucmatose-guest-client ucmatose-host-client write-bw-R-guest-client write-bw-R-host-client"
+[ "$RDMACM" = 0 ] || checks="$checks rping-guest-client rping-host-client ucmatose-guest-client ucmatose-host-client write-bw-R-guest-client write-bw-R-host-client send-lat-R-guest-client send-lat-R-host-client"
 for s in $SIZES; do checks="$checks pingpong-guest-client-$s"; done
 for s in $SIZES; do checks="$checks pingpong-host-client-$s"; done
 [ "$CM_ONLY" = 1 ] || checks="$checks rdma-check"

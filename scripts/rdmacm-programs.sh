@@ -21,6 +21,12 @@
 #                  the datagrams it sends, CM MADs included (the CM retries REQ/REP/DREQ after
 #                  its timeout, RC retransmits the data): all 100 pings, both exit 0
 #   ucmatose-loss  ucmatose through the same plan: both exit 0
+#   ib_write_bw-R-refused  perftest 4.5's connect race, made certain: the server's second
+#                  rdma_listen (its data connection's) waits 3 s (an LD_PRELOAD shim built
+#                  with cc), so the client's data REQ is refused (REJ 8); perftest's retry then
+#                  calls the ids and channel it destroyed. The client must end with perftest's
+#                  own error (exit 1, "Failed to create RDMA CM connection"), not a signal
+#                  (it crashed in rdma_destroy_id before the drop-in checked for stale ids)
 #
 # Needs: scripts/build-librdmacm.sh (builds both drop-ins), rdmacm-utils, perftest. Environment:
 #   SOFTVERBS_LIB_DIR  directory of the drop-ins (default: $LIBIBVERBS_DIR, else target/libibverbs)
@@ -102,6 +108,43 @@ next; run_case rping-loss '[ "$(grep -c "ping data" "$OUT")" = 100 ]' "" \
 next; run_case ucmatose-loss 'grep -q "return status 0" "$OUT"' "" \
   "${SX[@]}" ucmatose -b "$ADDR" -p "$PORT" :: \
   "${CX[@]}" ucmatose -s "$ADDR" -p "$PORT"
+
+# perftest 4.5's refused data connection: a clean error, not a crash.
+refused_case() {
+  local name=ib_write_bw-R-refused
+  [[ $name =~ $ONLY ]] || return 0
+  command -v cc >/dev/null || { echo "FAIL $name (no C compiler for the shim)"; FAIL=$((FAIL + 1)); return; }
+  cat >"$WORK/slowlisten.c" <<'C'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <unistd.h>
+struct rdma_cm_id;
+/* Delays every rdma_listen after the first by 3 s: a server slower than its client. */
+int rdma_listen(struct rdma_cm_id *id, int backlog) {
+  static int calls;
+  int (*real)(struct rdma_cm_id *, int) =
+      (int (*)(struct rdma_cm_id *, int))dlsym(RTLD_NEXT, "rdma_listen");
+  if (++calls >= 2) sleep(3);
+  return real(id, backlog);
+}
+C
+  cc -shared -fPIC -o "$WORK/slowlisten.so" "$WORK/slowlisten.c" -ldl || {
+    echo "FAIL $name (the shim did not build)"; FAIL=$((FAIL + 1)); return; }
+  env LD_PRELOAD="$WORK/slowlisten.so" SOFTVERBS_UDP_ADDRS="$ADDR:4791" timeout "$CASE_TIMEOUT" \
+    ib_write_bw -R -p "$PORT" >"$WORK/$name.server" 2>&1 &
+  local spid=$!
+  sleep 1
+  timeout "$CASE_TIMEOUT" ib_write_bw -R -p "$PORT" "$ADDR" >"$WORK/$name.client" 2>&1
+  local crc=$?
+  wait "$spid"
+  if [ "$crc" = 1 ] && grep -q 'Failed to create RDMA CM connection' "$WORK/$name.client"; then
+    echo "PASS $name (client: perftest's own error, exit 1)"; PASS=$((PASS + 1))
+  else
+    echo "FAIL $name (client exit $crc; 1 with perftest's error expected)"; FAIL=$((FAIL + 1))
+    tail -n 5 "$WORK/$name.server" "$WORK/$name.client" | sed 's/^/    /'
+  fi
+}
+next; refused_case
 
 echo "rdma_cm programs: $PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]

@@ -3,10 +3,13 @@
 //! A channel is an `rdma_event_channel` whose `fd` is an eventfd in semaphore mode: each
 //! queued event adds one, so the fd polls readable while events wait; `rdma_get_cm_event`
 //! reads one (blocking, unless the program made the fd non-blocking: then `EAGAIN`) and pops
-//! the event. Events of an id destroyed before they were read are skipped. What it is not:
-//! the producer of events (the [`crate::id`] and [`crate::agent`] calls queue them).
+//! the event. Events of an id destroyed before they were read are skipped. A channel pointer
+//! the library did not hand out, or one already destroyed, is refused (`EINVAL`) rather than
+//! dereferenced: programs do pass them (perftest 4.5's client retries a refused connection
+//! on the ids and channel it has just destroyed). What it is not: the producer of events (the
+//! [`crate::id`] and [`crate::agent`] calls queue them).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Mutex;
 
@@ -72,6 +75,18 @@ impl SvEvent {
     }
 }
 
+/// The addresses of the channels [`new_channel`] made and [`free_channel`] has not freed.
+static LIVE: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+fn live() -> std::sync::MutexGuard<'static, BTreeSet<usize>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `ch` is a channel of this library that has not been destroyed.
+pub fn is_live(ch: *const rdma_event_channel) -> bool {
+    live().contains(&(ch as usize))
+}
+
 /// A new channel (boxed; `None` when no eventfd could be made).
 pub fn new_channel() -> Option<*mut SvChannel> {
     // SAFETY: plain eventfd creation.
@@ -79,29 +94,41 @@ pub fn new_channel() -> Option<*mut SvChannel> {
     if fd < 0 {
         return None;
     }
-    Some(Box::into_raw(Box::new(SvChannel {
+    let ch = Box::into_raw(Box::new(SvChannel {
         ch: rdma_event_channel { fd },
         queue: Mutex::new(VecDeque::new()),
-    })))
+    }));
+    live().insert(ch as usize);
+    Some(ch)
 }
 
-/// Frees a channel made by [`new_channel`].
+/// Frees a channel made by [`new_channel`]; a pointer that is not a live channel (already
+/// freed, or never ours) is left alone and `false` returned.
 ///
 /// # Safety
-/// `ch` came from [`new_channel`] and is not used afterwards.
-pub unsafe fn free_channel(ch: *mut rdma_event_channel) {
-    // SAFETY: per the contract, a boxed SvChannel (public part first).
+/// `ch` is not used afterwards.
+pub unsafe fn free_channel(ch: *mut rdma_event_channel) -> bool {
+    if !live().remove(&(ch as usize)) {
+        return false;
+    }
+    // SAFETY: a live channel of this library: a boxed SvChannel (public part first).
     let ch = unsafe { Box::from_raw(ch as *mut SvChannel) };
     // SAFETY: the channel's own eventfd.
     unsafe { libc::close(ch.ch.fd) };
+    true
 }
 
-/// Queues `ev` on `ch` and makes the fd readable.
+/// Queues `ev` on `ch` and makes the fd readable; drops it when `ch` is not a live channel
+/// (the program destroyed it before its ids).
 ///
 /// # Safety
-/// `ch` is a live channel of this library.
+/// `ch` is NULL or points to memory the program has not unmapped.
 pub unsafe fn post(ch: *mut rdma_event_channel, ev: Box<SvEvent>) {
-    // SAFETY: per the contract.
+    let live = live();
+    if !live.contains(&(ch as usize)) {
+        return;
+    }
+    // SAFETY: a live channel, kept alive by holding the table's lock (free removes first).
     let sv = unsafe { &*(ch as *const SvChannel) };
     if let Ok(mut q) = sv.queue.lock() {
         q.push_back(ev);
@@ -112,11 +139,16 @@ pub unsafe fn post(ch: *mut rdma_event_channel, ev: Box<SvEvent>) {
 }
 
 /// Marks queued events of `id` dead (their id is being destroyed): the reader skips them.
+/// Nothing to do when `ch` is not a live channel.
 ///
 /// # Safety
-/// `ch` is a live channel of this library.
+/// `ch` is NULL or points to memory the program has not unmapped.
 pub unsafe fn forget_id(ch: *mut rdma_event_channel, id: *mut rdma_cm_id) {
-    // SAFETY: per the contract.
+    let live = live();
+    if !live.contains(&(ch as usize)) {
+        return;
+    }
+    // SAFETY: a live channel, kept alive by holding the table's lock (free removes first).
     let sv = unsafe { &*(ch as *const SvChannel) };
     if let Ok(mut q) = sv.queue.lock() {
         for ev in q.iter_mut() {
@@ -164,13 +196,15 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel 
     })
 }
 
-/// `rdma_destroy_event_channel`: frees a channel (its ids must be destroyed first).
+/// `rdma_destroy_event_channel`: frees a channel (its ids must be destroyed first). A
+/// pointer that is not a live channel (NULL, destroyed already) is left alone with `errno`
+/// `EINVAL` (the call returns nothing).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     guard((), || {
-        if !channel.is_null() {
-            // SAFETY: a channel of this library, per librdmacm's contract.
-            unsafe { free_channel(channel) };
+        // SAFETY: only a live channel is freed, and the program gives it up with this call.
+        if !unsafe { free_channel(channel) } {
+            set_errno(libc::EINVAL);
         }
     })
 }
@@ -184,10 +218,10 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
     guard(-1, || {
-        if channel.is_null() || event.is_null() {
+        if !is_live(channel) || event.is_null() {
             return fail(libc::EINVAL);
         }
-        // SAFETY: a channel of this library.
+        // SAFETY: a live channel of this library.
         match unsafe { next_event(channel) } {
             Ok(ev) => {
                 let raw = Box::into_raw(ev);

@@ -98,7 +98,8 @@ fn ephemeral_port() -> u16 {
 }
 
 /// `rdma_create_id`: a new id on `channel` (NULL: synchronous, with a private channel).
-/// `EINVAL` for a NULL `id`, `EPROTONOSUPPORT` for port spaces other than TCP, UDP, IPOIB, IB.
+/// `EINVAL` for a NULL `id` or a `channel` that is not a live channel of this library,
+/// `EPROTONOSUPPORT` for port spaces other than TCP, UDP, IPOIB, IB.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_create_id(
     channel: *mut rdma_event_channel,
@@ -107,7 +108,7 @@ pub unsafe extern "C" fn rdma_create_id(
     ps: c_int,
 ) -> c_int {
     guard(-1, || {
-        if id.is_null() {
+        if id.is_null() || !(channel.is_null() || channel::is_live(channel)) {
             return fail(libc::EINVAL);
         }
         let qpt = match ps {
@@ -150,25 +151,26 @@ fn create(
 }
 
 /// `rdma_destroy_id`: forgets the id's connection (the CM rejects or disconnects it) and
-/// listens, drops its unread events, frees it. Its QP must be destroyed first.
+/// listens, drops its unread events, frees it. Its QP must be destroyed first. An `id` that
+/// is not a live id of this library (NULL, or destroyed already: perftest 4.5's client
+/// destroys its ids twice after a refused connection) fails with `EINVAL` and frees nothing,
+/// as librdmacm's kernel ABI refuses an unknown id handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     guard(-1, || {
-        if id.is_null() {
-            return fail(libc::EINVAL);
-        }
         let sync = {
             let mut s = agent::lock();
-            let sync = s.ids.get(&(id as usize)).is_some_and(|st| st.sync);
+            let Some(sync) = s.ids.get(&(id as usize)).map(|st| st.sync) else {
+                return fail(libc::EINVAL);
+            };
             s.forget(id as usize);
             sync
         };
-        // SAFETY: a live id of this library, not used by the program afterwards.
+        // SAFETY: a live id of this library (it was in the id table, and only one caller
+        // removes it), not used by the program afterwards.
         unsafe {
             let b = Box::from_raw(id);
-            if !b.channel.is_null() {
-                channel::forget_id(b.channel, id);
-            }
+            channel::forget_id(b.channel, id);
             if sync {
                 if !b.event.is_null() {
                     drop(Box::from_raw(b.event as *mut SvEvent));
@@ -197,6 +199,9 @@ pub unsafe extern "C" fn rdma_migrate_id(
         let Some(st) = s.ids.get_mut(&(id as usize)) else {
             return fail(libc::EINVAL);
         };
+        if !(channel.is_null() || channel::is_live(channel)) {
+            return fail(libc::EINVAL);
+        }
         let ch = if channel.is_null() {
             match channel::new_channel() {
                 Some(c) => c as *mut rdma_event_channel,

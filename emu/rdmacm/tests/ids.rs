@@ -16,6 +16,7 @@ use softverbs_rdmacm::agent::*;
 use softverbs_rdmacm::channel::*;
 use softverbs_rdmacm::devices::*;
 use softverbs_rdmacm::id::*;
+use softverbs_rdmacm::set_errno;
 use softverbs_rdmacm::stubs::*;
 
 const ADDRS: &str = "127.0.71.1:4791,127.0.71.2:4791";
@@ -384,6 +385,48 @@ fn unsupported_and_misused_calls_fail_with_an_errno() {
         assert_eq!(errno(), libc::EINVAL);
         assert_eq!(rdma_destroy_id(id), 0);
         rdma_destroy_event_channel(ch);
+    }
+}
+
+/// perftest 4.5's client, refused on its connection, destroys its ids and channel and then
+/// retries on them: resolves, destroys them again. Each call on a destroyed id or channel
+/// fails with `EINVAL` (as librdmacm's kernel ABI refuses a stale handle) and frees nothing
+/// twice; no call reads the freed memory.
+#[test]
+fn calls_on_destroyed_ids_and_channels_fail_with_einval() {
+    let ch = unsafe { rdma_create_event_channel() };
+    let other = unsafe { rdma_create_event_channel() };
+    let id = resolved(ch);
+    let live = id_on(other);
+    unsafe {
+        assert_eq!(rdma_destroy_id(id), 0);
+        rdma_destroy_event_channel(ch);
+        let mut src = sa("127.0.71.1:0");
+        let mut dst = sa("127.0.71.2:7000");
+        let (s, d) = (&mut src as *mut _ as *mut _, &mut dst as *mut _ as *mut _);
+        assert_eq!(rdma_resolve_addr(id, s, d, 100), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(rdma_destroy_id(id), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        set_errno(0);
+        rdma_destroy_event_channel(ch);
+        assert_eq!(errno(), libc::EINVAL);
+        let mut ev = std::ptr::null_mut();
+        assert_eq!(rdma_get_cm_event(ch, &mut ev), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(rdma_migrate_id(live, ch), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        let mut out = std::ptr::null_mut();
+        assert_eq!(
+            rdma_create_id(ch, &mut out, std::ptr::null_mut(), RDMA_PS_TCP),
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(rdma_destroy_id(std::ptr::null_mut()), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        // The live id and channel still work.
+        assert_eq!(rdma_destroy_id(live), 0);
+        rdma_destroy_event_channel(other);
     }
 }
 

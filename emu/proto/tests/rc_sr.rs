@@ -20,7 +20,8 @@ use common::{A_IP, Action, B_IP, Dir, Opts, PORT, Pair, Pkt, Seen, ip_ctx};
 use emu_proto::Instant;
 use emu_proto::stats::RxDropCause;
 use emu_proto::wire::{
-    BthRepr, Opcode, Psn, SACK_OPCODE, SACK_PACKET_LEN, SackPacketRepr, SackRepr, fill_icrc,
+    BthRepr, Opcode, Psn, SACK_OPCODE, SACK_PACKET_LEN, SackBitmap, SackPacketRepr, SackRepr,
+    fill_icrc,
 };
 use verbs_api::{Recovery, SendOp, SendWr, WcStatus, WorkCompletion};
 
@@ -81,8 +82,12 @@ fn psns(seen: &[Seen]) -> Vec<u32> {
 }
 
 /// The bitmap of PSNs `from..=to` after a selective ACK for `base`.
-fn bits(base: u32, from: u32, to: u32) -> u128 {
-    (from..=to).fold(0, |b, q| b | 1 << (q - base - 1))
+fn bits(base: u32, from: u32, to: u32) -> SackBitmap {
+    let mut b = SackBitmap::default();
+    for q in from..=to {
+        b.set(q - base - 1);
+    }
+    b
 }
 
 #[test]
@@ -272,7 +277,10 @@ fn ibta_qp_drops_a_selective_ack() {
             ack_req: false,
             psn: Psn::new(P),
         },
-        sack: SackRepr { msn: 0, bitmap: 1 },
+        sack: SackRepr {
+            msn: 0,
+            bitmap: SackBitmap::first(1),
+        },
     };
     let mut bytes = vec![0u8; SACK_PACKET_LEN];
     repr.emit(&mut bytes).unwrap();

@@ -111,7 +111,7 @@ pub(crate) fn handle_sack(qp: &mut Qp, ctx: &mut Ctx<'_>, sack: &SackPacketRepr)
         return Disposition::Done;
     }
     rc.stats.rcvd_pkts += 1;
-    super::sr::note_sack(rc, psn, sack.sack.bitmap);
+    super::sr::note_sack(rc, psn, &sack.sack.bitmap);
     ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
     if qp.rc.comp_psn.is_after(qp.rc.req_psn) {
         rewind(qp);

@@ -27,7 +27,7 @@ use verbs_api::{QpType, Recovery};
 use super::{RcState, Response, packets};
 use crate::qp::Qp;
 use crate::time::Instant;
-use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN};
+use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN, SackBitmap};
 
 /// A missing unit is resent once transmissions this many sequence numbers after its own have
 /// been delivered: reordering by fewer packets never causes a resend (issue 19 item 3). Eight
@@ -35,10 +35,16 @@ use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN};
 /// loss 8 deliveries sooner than 16 did (5 % loss, `emu-sim` `sr_goodput`: 0.60× → 0.79×).
 pub(crate) const REORDER_THRESHOLD: u64 = 8;
 
-/// The requester's window with selective repeat, in un-ACKed PSNs: everything in flight stays
+/// The requester's window with selective repeat, in un-ACKed PSNs: everything sent stays
 /// within one selective ACK's bitmap ([`SACK_SPAN`] PSNs after the responder's ePSN, which is
 /// never before the requester's oldest un-ACKed PSN).
-pub(crate) const WINDOW: i32 = 128;
+const WINDOW: i32 = SACK_SPAN as i32;
+
+/// The requester's flight with selective repeat: PSNs sent and neither acknowledged nor
+/// reported received. It bounds what sits in the network; [`WINDOW`], four times larger,
+/// lets new data flow past a hole while its resend crosses the queue the flight built
+/// (`emu-sim` `sr_goodput`, 1 % loss: 0.852× with the window equal to the flight).
+const FLIGHT: i32 = 128;
 
 /// The shortest probe interval.
 const MIN_PROBE: Duration = Duration::from_micros(100);
@@ -55,6 +61,8 @@ pub(crate) struct SrState {
     // ---- requester ----
     /// Units in flight by PSN (a READ or atomic is one unit at its first PSN).
     pub(crate) units: BTreeMap<u32, Unit>,
+    /// Units in `units` reported received (a READ counts once).
+    pub(crate) sacked: i32,
     /// Sequence number of the latest transmission.
     pub(crate) seq: u64,
     /// The highest sequence number known delivered.
@@ -157,21 +165,15 @@ pub(crate) fn take_next_held(rc: &mut RcState) -> Option<Held> {
 
 /// The bitmap of a selective ACK whose BTH PSN is `psn`: PSNs after it executed since it was
 /// queued, and PSNs held (a held READ covers its response PSNs).
-pub(crate) fn bitmap(rc: &RcState, psn: Psn) -> u128 {
+pub(crate) fn bitmap(rc: &RcState, psn: Psn) -> SackBitmap {
     let base = psn.wrapping_add(1);
-    let mut bits = 0u128;
-    let mut set = |off: i64| {
-        if (0..i64::from(SACK_SPAN)).contains(&off) {
-            bits |= 1 << off;
-        }
-    };
-    for off in 0..i64::from(rc.epsn.diff(base).max(0)).min(i64::from(SACK_SPAN)) {
-        set(off);
-    }
+    let mut bits = SackBitmap::first(u32::try_from(rc.epsn.diff(base)).unwrap_or(0));
     for (&k, h) in &rc.sr.held {
         let start = i64::from(Psn::new(k).diff(base));
         for j in 0..i64::from(h.span.min(SACK_SPAN)) {
-            set(start + j);
+            if let Ok(off) = u32::try_from(start + j) {
+                bits.set(off);
+            }
         }
     }
     bits
@@ -202,7 +204,14 @@ fn probe_interval(rc: &RcState) -> Duration {
 /// The responder acknowledged everything before `comp`: forget those units, restart the probe.
 pub(crate) fn progress(rc: &mut RcState, now: Instant) {
     let comp = rc.comp_psn;
-    rc.sr.units.retain(|&k, _| !Psn::new(k).is_before(comp));
+    let sacked = &mut rc.sr.sacked;
+    rc.sr.units.retain(|&k, u| {
+        let keep = !Psn::new(k).is_before(comp);
+        if !keep && u.sacked {
+            *sacked -= 1;
+        }
+        keep
+    });
     rc.sr.backoff = 0;
     rc.sr.probe_at = comp
         .is_before(rc.sent_high)
@@ -211,18 +220,20 @@ pub(crate) fn progress(rc: &mut RcState, now: Instant) {
 
 /// A selective ACK (BTH PSN `psn`, `bitmap`) before its cumulative part is applied: what it
 /// shows delivered raises the delivered sequence number; what it reports received is marked.
-pub(crate) fn note_sack(rc: &mut RcState, psn: Psn, bitmap: u128) {
+pub(crate) fn note_sack(rc: &mut RcState, psn: Psn, bitmap: &SackBitmap) {
     rc.stats.sacks_rcvd += 1;
     let base = psn.wrapping_add(1);
     let sr = &mut rc.sr;
     for (&k, u) in sr.units.iter_mut() {
         let p = Psn::new(k);
         let off = p.diff(base);
-        let received = p.is_before(psn)
-            || (u32::try_from(off).is_ok_and(|o| o < SACK_SPAN) && bitmap >> off & 1 == 1);
+        let received = p.is_before(psn) || u32::try_from(off).is_ok_and(|o| bitmap.has(o));
         if received {
             sr.delivered = sr.delivered.max(u.seq);
-            u.sacked = true;
+            if !u.sacked {
+                u.sacked = true;
+                sr.sacked += 1;
+            }
         }
     }
 }
@@ -289,6 +300,16 @@ pub(crate) fn rewound(rc: &mut RcState) {
     for u in rc.sr.units.values_mut() {
         u.queued = false;
     }
+}
+
+/// Whether the requester must wait: [`WINDOW`] PSNs after the oldest unacknowledged one are
+/// used, or [`FLIGHT`] PSNs are in flight (a READ reported received counts as one PSN, so its
+/// flight is overestimated, never under). A go-back-N resend of what was sent before is never
+/// held back by the flight: it is part of it.
+pub(crate) fn window_full(rc: &RcState) -> bool {
+    let used = rc.req_psn.diff(rc.comp_psn);
+    let new = !rc.req_psn.is_before(rc.sent_high);
+    used >= WINDOW || (new && used - rc.sr.sacked >= FLIGHT)
 }
 
 /// Whether unit `psn` was reported received.

@@ -62,6 +62,9 @@ pub struct Stats {
     pub sacks_rcvd: u64,
     /// Selective-repeat probe timer expiries that resent something (selective repeat only).
     pub sr_probes: u64,
+    /// RDMA WRITE packets placed in memory on arrival ahead of a gap (selective repeat only;
+    /// each also counts in `out_of_seq_request`).
+    pub sr_placed_early: u64,
     /// Received packets discarded, by cause (some also count in an older counter: see
     /// [`RxDropCause`]).
     pub rx_drops: RxDrops,
@@ -275,6 +278,7 @@ impl AddAssign for Stats {
             sacks_sent,
             sacks_rcvd,
             sr_probes,
+            sr_placed_early,
             rx_drops
         );
     }

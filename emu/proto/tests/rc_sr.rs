@@ -13,7 +13,9 @@
 
 mod common;
 
+use std::cell::RefCell;
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::time::Duration;
 
 use common::{A_IP, Action, B_IP, Dir, Opts, PORT, Pair, Pkt, Seen, ip_ctx};
@@ -298,4 +300,145 @@ fn ibta_qp_drops_a_selective_ack() {
     assert!(p.run_until_idle());
     assert_eq!(p.a.stats().retransmits(), 0);
     assert_delivered(&mut p);
+}
+
+// ---- out-of-order placement ----------------------------------------------------------------
+
+/// Where a's WRITEs land in b's MR.
+const AT: u64 = 16384;
+
+/// Posts a 32-packet RDMA WRITE (`imm` makes it WRITE_WITH_IMM, with a receive posted) from a
+/// to b's MR at [`AT`], with R_Key `rkey` (b's MR's if `None`).
+fn post_write(p: &mut Pair, imm: Option<u32>, rkey: Option<u32>) {
+    p.a.write(&p.a.mr, 0, &pattern(LEN));
+    let remote_addr = common::Node::sge(&p.b.mr, AT, 0).addr;
+    let rkey = rkey.unwrap_or(p.b.mr.rkey);
+    let op = match imm {
+        Some(imm) => {
+            p.b.post_recv(7, &[]);
+            SendOp::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            }
+        }
+        None => SendOp::RdmaWrite { remote_addr, rkey },
+    };
+    let s = p.a.at(0, LEN);
+    p.post_a(&[SendWr::new(1, op, &[s])]);
+}
+
+/// Holds the first copy of request PSN `psn` until released; every other packet goes.
+fn hold_first(p: &mut Pair, psn: u32) {
+    let mut held = false;
+    p.set_filter(move |pkt| {
+        let s = pkt.seen();
+        if s.dir == Dir::AtoB && s.psn == psn && !held {
+            held = true;
+            Action::Hold
+        } else {
+            Action::Deliver
+        }
+    });
+}
+
+/// Packet `i` of the WRITE in b's MR (MTU 256).
+fn packet_in_b(p: &Pair, i: u32) -> Vec<u8> {
+    p.b.read(&p.b.mr, AT + u64::from(i) * 256, 256)
+}
+
+/// With selective repeat a WRITE packet past a hole lands in memory on arrival, once: neither
+/// the in-order stages that run it when the gap fills nor a duplicate write it again.
+#[test]
+fn write_past_a_hole_is_placed_on_arrival_once() {
+    let mut p = sr_pair();
+    let copy: Rc<RefCell<Option<Pkt>>> = Rc::default();
+    let keep = copy.clone();
+    let mut held = false;
+    p.set_filter(move |pkt| {
+        let s = pkt.seen();
+        if s.dir == Dir::AtoB && s.psn == P + 5 {
+            *keep.borrow_mut() = Some(pkt.clone());
+        }
+        if s.dir == Dir::AtoB && s.psn == P + 1 && !held {
+            held = true;
+            return Action::Hold;
+        }
+        Action::Deliver
+    });
+    post_write(&mut p, None, None);
+    p.transmit_at_most(32);
+    p.deliver();
+    let want = pattern(LEN);
+    let chunk = |i: u32| want[(i * 256) as usize..((i + 1) * 256) as usize].to_vec();
+    assert_eq!(packet_in_b(&p, 1), vec![0; 256], "the hole");
+    for i in (0..32).filter(|&i| i != 1) {
+        assert_eq!(packet_in_b(&p, i), chunk(i), "packet {i} placed on arrival");
+    }
+    assert_eq!(p.b.stats().sr_placed_early, 30);
+    assert!(p.b.recv_wcs().is_empty() && p.a.send_wcs().is_empty());
+    // Mark packet 5's bytes: a second placement would overwrite them.
+    p.b.write(&p.b.mr, AT + 5 * 256, &[0xEE; 256]);
+    // A duplicate while the gap is open, and another once it has closed.
+    let again = copy.borrow().clone().unwrap();
+    p.inject_pkt(&again);
+    p.release_held(false);
+    assert!(p.run_until_idle());
+    p.inject_pkt(&again);
+    assert!(p.run_until_idle());
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
+    assert_eq!(packet_in_b(&p, 1), chunk(1));
+    assert_eq!(packet_in_b(&p, 5), vec![0xEE; 256], "placed once");
+    let b = p.b.stats();
+    assert_eq!((b.sr_placed_early, b.out_of_seq_request), (30, 31));
+}
+
+/// A WRITE_WITH_IMM past a hole: its data packets are placed on arrival, but the last one
+/// (it carries the immediate and needs a receive WQE) waits, and the receive completes once,
+/// after the gap fills.
+#[test]
+fn write_with_imm_past_a_hole_completes_in_order_once() {
+    let mut p = sr_pair();
+    hold_first(&mut p, P + 1);
+    post_write(&mut p, Some(0xC0FFEE), None);
+    p.transmit_at_most(32);
+    p.deliver();
+    assert_eq!(p.b.stats().sr_placed_early, 29);
+    assert!(p.b.recv_wcs().is_empty());
+    p.release_held(false);
+    assert!(p.run_until_idle());
+    let wcs = p.b.recv_wcs();
+    assert_eq!(statuses(&wcs), [(7, WcStatus::Success)]);
+    assert_eq!((wcs[0].imm_data, wcs[0].byte_len), (0xC0FFEE, LEN));
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
+    assert_eq!(p.b.read(&p.b.mr, AT, LEN as usize), pattern(LEN));
+}
+
+/// A WRITE past a hole whose R_Key is invalid is not placed (the checks are the in-order
+/// path's); the SEND before it completes, then the WRITE fails in order with REM_ACCESS_ERR.
+#[test]
+fn write_past_a_hole_with_a_bad_rkey_is_not_placed_and_fails_in_order() {
+    let mut p = sr_pair();
+    hold_first(&mut p, P + 1);
+    post_send(&mut p);
+    let remote_addr = common::Node::sge(&p.b.mr, AT, 0).addr;
+    let s = p.a.at(0, 256);
+    let bad = p.b.mr.rkey ^ 0x100;
+    p.post_a(&[SendWr::new(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr,
+            rkey: bad,
+        },
+        &[s],
+    )]);
+    p.transmit_at_most(33);
+    p.deliver();
+    assert_eq!(p.b.stats().sr_placed_early, 0);
+    p.release_held(false);
+    p.run_until_idle();
+    assert_eq!(statuses(&p.b.recv_wcs()), [(1, WcStatus::Success)]);
+    let a = statuses(&p.a.send_wcs());
+    assert_eq!(a, [(1, WcStatus::Success), (2, WcStatus::RemAccessErr)]);
+    assert_eq!(p.b.read(&p.b.mr, AT, 256), vec![0; 256]);
 }

@@ -3,11 +3,22 @@
 //! selective ACK ([`crate::wire::SackPacketRepr`]) on the wire, which a standard peer never
 //! sees because a QP left at `Recovery::Ibta` never sends one and drops any it receives.
 //!
-//! * Responder: a request up to [`SACK_SPAN`] PSNs ahead of ePSN is *held* (a copy of the
-//!   packet) instead of drawing a sequence NAK, and answered with a selective ACK. When the
-//!   gap fills, held packets are executed in PSN order through the ordinary in-order stages,
-//!   so SENDs, WRITEs, READs and atomics take effect and complete in order and exactly once
-//!   (a reorder buffer: WRITE data is not placed before the packets ahead of it arrive).
+//! * Responder: a request up to [`SACK_SPAN`] PSNs ahead of ePSN is *held* instead of drawing
+//!   a sequence NAK, and answered with a selective ACK. An RDMA WRITE packet without
+//!   immediate data whose place is known (it opens its message, or the message open in order
+//!   or a held packet placed before it covers its PSN) and that passes the in-order path's own
+//!   checks is placed in memory on arrival and held without its payload
+//!   (`responder::place_early`); any other request is held with a copy of its payload. When
+//!   the gap fills, held packets run in PSN order through the ordinary in-order stages, which
+//!   check a placed packet again but do not write it again, so SENDs, WRITEs, READs and
+//!   atomics complete in order and exactly once, and SENDs, immediate data and the MSN
+//!   advance in order. A duplicate of a held packet is not placed again.
+//!
+//!   If the QP enters ERR before the gap fills (an error at or before a placed packet's PSN),
+//!   the bytes placed stay in memory, as on hardware with out-of-order placement (IRN,
+//!   ConnectX adaptive routing): the WR they belong to never completes successfully (it is
+//!   flushed or fails at the requester), so the application must treat its target as
+//!   undefined, which IBTA already requires of a WRITE that did not complete.
 //! * Requester/completer: every transmission gets a sequence number; a selective ACK marks
 //!   what arrived, and a unit still missing when [`REORDER_THRESHOLD`] transmissions sent
 //!   after it have been delivered is resent, alone (not the window behind it). A probe timer
@@ -58,6 +69,9 @@ pub(crate) struct SrState {
     // ---- responder ----
     /// Requests received ahead of ePSN, by PSN.
     pub(crate) held: BTreeMap<u32, Held>,
+    /// The in-order stages are running a held packet placed on arrival: RDMA WRITE checks it
+    /// and advances, but does not write it again.
+    pub(crate) replaying_placed: bool,
     // ---- requester ----
     /// Units in flight by PSN (a READ or atomic is one unit at its first PSN).
     pub(crate) units: BTreeMap<u32, Unit>,
@@ -82,16 +96,42 @@ pub(crate) struct SrState {
 pub(crate) struct Held {
     /// The headers (payload empty).
     pub(crate) hdrs: PacketRepr<'static>,
+    /// The payload; empty if it was placed on arrival.
     pub(crate) payload: Vec<u8>,
+    /// Payload length.
+    pub(crate) len: usize,
     /// PSNs it covers: a READ request's response packets, else 1.
     pub(crate) span: u32,
+    /// An RDMA WRITE packet placed in memory on arrival (`responder::place_early`): where.
+    pub(crate) placed: Option<Placed>,
 }
 
+/// Where an RDMA WRITE packet placed on arrival went.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Placed {
+    /// The R_Key its message named.
+    pub(crate) rkey: u32,
+    /// The memory key and offset of its first byte.
+    pub(crate) key: u32,
+    pub(crate) offset: u64,
+    /// Bytes of its message from its first byte on.
+    pub(crate) room: u64,
+}
+
+/// Stands in for the payload of a packet placed on arrival when the in-order stages run it:
+/// they check its length and account for it but do not write it again
+/// (`SrState::replaying_placed`). The largest path MTU long.
+static PLACED_PAYLOAD: [u8; 4096] = [0; 4096];
+
 impl Held {
-    /// The packet again.
+    /// The packet again (for a placed one, with a stand-in payload of its length).
     pub(crate) fn repr(&self) -> PacketRepr<'_> {
+        let payload = match self.placed {
+            Some(_) => PLACED_PAYLOAD.get(..self.len).unwrap_or(&[]),
+            None => &self.payload,
+        };
         PacketRepr {
-            payload: &self.payload,
+            payload,
             ..self.hdrs
         }
     }
@@ -115,36 +155,63 @@ pub(crate) fn enabled(qp: &Qp) -> bool {
 
 // ---- responder -----------------------------------------------------------------------------
 
-/// Holds request `pkt`, `ahead` PSNs after ePSN, and queues a selective ACK. False if it is too
-/// far ahead to describe in a selective ACK (then it is dropped).
-pub(crate) fn hold(qp: &mut Qp, pkt: &PacketRepr<'_>, ahead: i32) -> bool {
-    if u32::try_from(ahead).map_or(true, |a| a > SACK_SPAN) {
+/// Holds request `pkt`, `ahead` PSNs after ePSN, and queues a selective ACK; the first copy of
+/// it is offered to `place` (which places it in memory now, or declines), a duplicate is not.
+/// False if it is too far ahead to describe in a selective ACK (then it is dropped).
+pub(crate) fn hold(
+    qp: &mut Qp,
+    pkt: &PacketRepr<'_>,
+    ahead: i32,
+    place: impl FnOnce(&mut Qp, u32) -> Option<Placed>,
+) -> bool {
+    let Some(ahead) = u32::try_from(ahead).ok().filter(|&a| a <= SACK_SPAN) else {
         return false;
-    }
+    };
     let span = match (pkt.bth.opcode, pkt.reth) {
         (Opcode::RdmaReadRequest, Some(reth)) => {
             packets(u64::from(reth.dma_len), qp.attr.path_mtu.bytes())
         }
         _ => 1,
     };
-    let rc = &mut qp.rc;
-    rc.stats.out_of_seq_request += 1;
+    qp.rc.stats.out_of_seq_request += 1;
     let key = pkt.bth.psn.value();
-    match rc.sr.held.entry(key) {
-        std::collections::btree_map::Entry::Occupied(_) => rc.stats.duplicate_request += 1,
-        std::collections::btree_map::Entry::Vacant(v) => {
-            v.insert(Held {
-                hdrs: PacketRepr {
-                    payload: &[],
-                    ..*pkt
-                },
-                payload: pkt.payload.to_vec(),
-                span,
-            });
-        }
+    if qp.rc.sr.held.contains_key(&key) {
+        qp.rc.stats.duplicate_request += 1;
+    } else {
+        let placed = place(qp, ahead);
+        let payload = match placed {
+            Some(_) => Vec::new(),
+            None => pkt.payload.to_vec(),
+        };
+        let held = Held {
+            hdrs: PacketRepr {
+                payload: &[],
+                ..*pkt
+            },
+            payload,
+            len: pkt.payload.len(),
+            span,
+            placed,
+        };
+        qp.rc.sr.held.insert(key, held);
     }
-    queue_sack(rc);
+    queue_sack(&mut qp.rc);
     true
+}
+
+/// The held packet placed on arrival nearest before `psn`: how many PSNs before, and where it
+/// went.
+pub(crate) fn nearest_placed_before(rc: &RcState, psn: Psn) -> Option<(u32, Placed)> {
+    rc.sr
+        .held
+        .iter()
+        .filter_map(|(&k, h)| {
+            let before = u32::try_from(psn.diff(Psn::new(k)))
+                .ok()
+                .filter(|&b| b > 0)?;
+            Some((before, h.placed?))
+        })
+        .min_by_key(|&(before, _)| before)
 }
 
 /// Queues a selective ACK for the current ePSN, merged into one still queued last.

@@ -62,8 +62,9 @@ pub struct Stats {
     pub sacks_rcvd: u64,
     /// Selective-repeat probe timer expiries that resent something (selective repeat only).
     pub sr_probes: u64,
-    /// RDMA WRITE packets placed in memory on arrival ahead of a gap (selective repeat only;
-    /// each also counts in `out_of_seq_request`).
+    /// Packets placed in memory on arrival past a gap (selective repeat only): RDMA WRITE
+    /// packets at the responder (each also counts in `out_of_seq_request`), READ responses at
+    /// the requester.
     pub sr_placed_early: u64,
     /// Received packets discarded, by cause (some also count in an older counter: see
     /// [`RxDropCause`]).

@@ -480,3 +480,60 @@ fn ibta_mode_under_reordering_resends_from_the_gap() {
     assert_eq!(p.seen(Dir::AtoB).len() as u64, 32 + a.retransmits());
     assert_delivered(&mut p);
 }
+
+/// With selective repeat a READ response past a lost or late one lands in the READ's SGEs on
+/// arrival, once; the READ completes once, in order, when the gap fills.
+#[test]
+fn read_response_past_a_hole_is_placed_on_arrival_once() {
+    let mut p = sr_pair();
+    p.b.write(&p.b.mr, AT, &pattern(LEN));
+    let copy: Rc<RefCell<Option<Pkt>>> = Rc::default();
+    let keep = copy.clone();
+    let mut held = false;
+    p.set_filter(move |pkt| {
+        let s = pkt.seen();
+        if s.dir == Dir::BtoA && s.psn == P + 5 {
+            *keep.borrow_mut() = Some(pkt.clone());
+        }
+        if s.dir == Dir::BtoA && s.psn == P + 1 && !held {
+            held = true;
+            return Action::Hold;
+        }
+        Action::Deliver
+    });
+    let remote_addr = common::Node::sge(&p.b.mr, AT, 0).addr;
+    let rkey = p.b.mr.rkey;
+    let dest = p.a.at(0, LEN);
+    p.post_a(&[SendWr::new(
+        1,
+        SendOp::RdmaRead { remote_addr, rkey },
+        &[dest],
+    )]);
+    // The request, then b's 32 responses (one held).
+    p.transmit();
+    p.deliver();
+    p.transmit();
+    p.deliver();
+    let want = pattern(LEN);
+    let chunk = |i: usize| want[i * 256..(i + 1) * 256].to_vec();
+    let in_a = |p: &Pair, i: usize| p.a.read(&p.a.mr, i as u64 * 256, 256);
+    assert_eq!(in_a(&p, 1), vec![0; 256], "the hole");
+    for i in (0..32).filter(|&i| i != 1) {
+        assert_eq!(in_a(&p, i), chunk(i), "response {i} placed on arrival");
+    }
+    assert_eq!(p.a.stats().sr_placed_early, 30);
+    assert!(p.a.send_wcs().is_empty());
+    // Mark response 5's bytes: a second placement would overwrite them.
+    p.a.write(&p.a.mr, 5 * 256, &[0xEE; 256]);
+    let again = copy.borrow().clone().unwrap();
+    p.inject_pkt(&again);
+    p.release_held(true);
+    assert!(p.run_until_idle());
+    p.inject_pkt(&again);
+    assert!(p.run_until_idle());
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
+    assert_eq!(in_a(&p, 1), chunk(1));
+    assert_eq!(in_a(&p, 5), vec![0xEE; 256], "placed once");
+    let a = p.a.stats();
+    assert_eq!((a.sr_placed_early, a.retransmits()), (30, 0));
+}

@@ -26,11 +26,15 @@
 //!   resend with nothing behind it, the stream's tail, a lost selective ACK); the local ACK
 //!   timeout stays the last resort and still spends `retry_cnt`.
 //!
-//! What it is not: IBTA behaviour. IBTA mode never reaches this module. READ responses are
-//! still accepted in order only (a gap in them is recovered by re-requesting the rest, as in
-//! IBTA mode, or by the probe).
+//! * Completer: a READ response after `comp_psn` (earlier ones lost or overtaken) that passes
+//!   the in-order checks lands in its READ's SGEs on arrival, once ([`SrState::read_placed`]);
+//!   the READ completes in order when `comp_psn` reaches it. A gap in the responses is still
+//!   recovered by re-requesting the rest (as in IBTA mode) or by the probe; responses placed
+//!   already are dropped when they come again.
+//!
+//! What it is not: IBTA behaviour. IBTA mode never reaches this module.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use verbs_api::{QpType, Recovery};
@@ -77,6 +81,8 @@ pub(crate) struct SrState {
     pub(crate) units: BTreeMap<u32, Unit>,
     /// Units in `units` reported received (a READ counts once).
     pub(crate) sacked: i32,
+    /// PSNs after `comp_psn` of READ responses placed on arrival (`completer`).
+    pub(crate) read_placed: BTreeSet<u32>,
     /// Sequence number of the latest transmission.
     pub(crate) seq: u64,
     /// The highest sequence number known delivered.
@@ -279,6 +285,7 @@ pub(crate) fn progress(rc: &mut RcState, now: Instant) {
         }
         keep
     });
+    rc.sr.read_placed.retain(|&k| !Psn::new(k).is_before(comp));
     rc.sr.backoff = 0;
     rc.sr.probe_at = comp
         .is_before(rc.sent_high)

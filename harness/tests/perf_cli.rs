@@ -381,6 +381,25 @@ fn sweep_loss_writes_svg() {
     let _ = std::fs::remove_file(&svg);
 }
 
+/// Five rounds per point (the README's loss table): the client's configuration, every run
+/// of the sweep, still fits the one out-of-band line it travels in.
+#[test]
+fn sweep_loss_with_five_rounds_runs() {
+    let out = perf(&[
+        "--sweep-loss",
+        "--rounds",
+        "5",
+        "--backend",
+        "inproc",
+        "-s",
+        "1024",
+        "-n",
+        "5",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    assert!(out.stdout.contains(" sr    10.0     5 "), "{}", out.dump());
+}
+
 #[test]
 fn bad_flags_exit_2_with_a_message() {
     let cases: &[(&[&str], &str)] = &[

@@ -13,7 +13,8 @@
 //!   `SOFTVERBS_SEED`: the key generators' seed; `SOFTVERBS_BUSY_POLL=1`: progress threads
 //!   spin while no application thread polls; `SOFTVERBS_FOREIGN_IPV4_IDENT=1`: accept rxe's
 //!   and NICs' packets (interop); `SOFTVERBS_GSO=0|1`: UDP GSO (default: on unless
-//!   foreign IPv4 identifications are accepted, see [`GSO_ENV`]).
+//!   foreign IPv4 identifications are accepted, see [`GSO_ENV`]); `SOFTVERBS_RECOVERY=sr`:
+//!   selective-repeat loss recovery on every RC QP modified to INIT ([`RECOVERY_ENV`]).
 //!
 //! Devices are named `softverbs0`, `softverbs1`, …: node type CA, transport IB, one port with
 //! link layer Ethernet whose GID 0 is the device address, IPv4-mapped, of type RoCE v2. They
@@ -36,7 +37,7 @@ use std::time::Duration;
 use emu_fault::FaultPlan;
 use emu_udp::{UdpContext, UdpDevice, UdpProvider};
 use ibverbs_sys::*;
-use verbs_api::{AsyncEvent, Context, Device, EventElement, Provider};
+use verbs_api::{AsyncEvent, Context, Device, EventElement, Provider, Recovery};
 
 use crate::{convert, guard, null_with, set_errno};
 
@@ -62,6 +63,11 @@ pub const FOREIGN_IPV4_IDENT_ENV: &str = "SOFTVERBS_FOREIGN_IPV4_IDENT";
 /// (Linux rxe, a RoCEv2 NIC) drops the GSO segments after the first, and such a peer is
 /// reachable at all only with that variable set.
 pub const GSO_ENV: &str = "SOFTVERBS_GSO";
+/// Environment variable: `sr` gives every RC QP the process modifies to INIT softverbs'
+/// selective-repeat loss recovery (`Recovery::SelectiveRepeat`, DIVERGENCES.md "softverbs
+/// extensions"); `ibta` or unset: IBTA go-back-N. Both processes of a connection must set the
+/// same; see [`recovery_wanted`].
+pub const RECOVERY_ENV: &str = "SOFTVERBS_RECOVERY";
 /// Loopback addresses tried by the zero configuration before giving up.
 pub const ZERO_CONFIG_ATTEMPTS: u32 = 64;
 
@@ -130,6 +136,9 @@ fn base_builder() -> Result<emu_udp::UdpBuilder, String> {
         b = b.foreign_ipv4_ident(true);
     }
     b = b.gso(gso_wanted(std::env::var(GSO_ENV).ok().as_deref(), foreign)?);
+    let recovery = recovery_wanted(std::env::var(RECOVERY_ENV).ok().as_deref())?;
+    // A second provider build (none happens: the device list is built once) keeps the first.
+    let _ = RECOVERY.set(recovery);
     if let Ok(seed) = std::env::var(SEED_ENV) {
         let seed = seed
             .trim()
@@ -149,6 +158,36 @@ pub fn gso_wanted(value: Option<&str>, foreign_ipv4_ident: bool) -> Result<bool,
         Some("0") => Ok(false),
         Some(v) => Err(format!("{GSO_ENV}={v:?}: want 0 or 1")),
     }
+}
+
+/// The loss recovery [`RECOVERY_ENV`] asked for, set when the device list is built.
+static RECOVERY: OnceLock<Recovery> = OnceLock::new();
+
+/// The loss recovery of RC QPs, from [`RECOVERY_ENV`]'s value: `sr` is selective repeat,
+/// `ibta` or unset (or empty) IBTA go-back-N, anything else an error (the device list is
+/// then empty, as for any bad `SOFTVERBS_*` setting).
+///
+/// Selective repeat puts softverbs' selective ACK on the wire, so both ends must set it. A
+/// standard peer (rxe, a NIC, a program on rdma-core) never sees one: it never sets the
+/// variable, so a softverbs process talking to it must not either. A mismatch (one end set)
+/// is the user's error: the IBTA end drops every selective ACK as malformed. A
+/// selective-repeat requester still follows the IBTA responder's sequence NAKs (go-back-N);
+/// an IBTA requester facing a selective-repeat responder gets neither sequence NAKs nor ACKs
+/// for duplicates and recovers only by its ACK timeout, so under loss it is slow and a lost
+/// final ACK can use up `retry_cnt` and fail the WR with `RETRY_EXC_ERR`. Data is still never
+/// delivered twice or out of order.
+pub fn recovery_wanted(value: Option<&str>) -> Result<Recovery, String> {
+    match value.map(str::trim) {
+        None | Some("" | "ibta") => Ok(Recovery::Ibta),
+        Some("sr") => Ok(Recovery::SelectiveRepeat),
+        Some(v) => Err(format!("{RECOVERY_ENV}={v:?}: want sr or ibta")),
+    }
+}
+
+/// The loss recovery [`RECOVERY_ENV`] set for this process (IBTA before the device list is
+/// built).
+pub fn recovery() -> Recovery {
+    RECOVERY.get().copied().unwrap_or_default()
 }
 
 fn build_provider() -> Result<UdpProvider, String> {
@@ -983,6 +1022,19 @@ mod tests {
         drop(taken);
         let none = bind_first(&UdpProvider::builder(), std::iter::empty());
         assert!(none.is_err());
+    }
+
+    #[test]
+    fn recovery_is_ibta_unless_sr_is_asked_for() {
+        assert_eq!(recovery_wanted(None), Ok(Recovery::Ibta));
+        assert_eq!(recovery_wanted(Some("")), Ok(Recovery::Ibta));
+        assert_eq!(recovery_wanted(Some("ibta")), Ok(Recovery::Ibta));
+        assert_eq!(
+            recovery_wanted(Some(" sr\n")),
+            Ok(Recovery::SelectiveRepeat)
+        );
+        assert!(recovery_wanted(Some("SR")).is_err());
+        assert!(recovery_wanted(Some("gbn")).is_err());
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::sync::Mutex;
 use emu_udp::UdpQp;
 use ibverbs_sys::*;
 use verbs_api::{
-    Context, PostError, QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge,
-    UdDest,
+    Context, PostError, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, QueuePair, Recovery,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
 };
 
 use crate::device::{release, retain, udp_context};
@@ -468,10 +468,11 @@ pub unsafe extern "C" fn ibv_modify_qp(
         if attr_mask & (1 << 7) != 0 && c.ah_attr.is_global == 0 {
             return libc::EINVAL;
         }
-        let (a, mask) = match convert::qp_attr_from(&c, attr_mask) {
+        let (mut a, mut mask) = match convert::qp_attr_from(&c, attr_mask) {
             Ok(v) => v,
             Err(e) => return e.errno(),
         };
+        with_env_recovery(inner.udp.qp_type() == QpType::Rc, &mut a, &mut mask);
         match inner.udp.modify(&a, mask) {
             Ok(()) => {
                 if let Ok(s) = inner.udp.state() {
@@ -483,6 +484,19 @@ pub unsafe extern "C" fn ibv_modify_qp(
             Err(e) => e.errno(),
         }
     })
+}
+
+/// `SOFTVERBS_RECOVERY` ([`crate::device::RECOVERY_ENV`]): a modify of an RC QP to INIT also
+/// sets the loss recovery the process asked for (RESET → INIT and INIT → INIT accept
+/// `QpAttrMask::RECOVERY`). IBTA, the default, adds nothing, so the modify is exactly the
+/// caller's.
+fn with_env_recovery(rc: bool, a: &mut QpAttr, mask: &mut QpAttrMask) {
+    let recovery = crate::device::recovery();
+    let to_init = mask.contains(QpAttrMask::STATE) && a.qp_state == QpState::Init;
+    if rc && to_init && recovery != Recovery::Ibta {
+        a.recovery = recovery;
+        *mask |= QpAttrMask::RECOVERY;
+    }
 }
 
 /// `ibv_query_qp`: every attribute (whatever `attr_mask` says) and the creation attributes.

@@ -62,6 +62,10 @@ pub struct Stats {
     pub sacks_rcvd: u64,
     /// Selective-repeat probe timer expiries that resent something (selective repeat only).
     pub sr_probes: u64,
+    /// Packets placed in memory on arrival past a gap (selective repeat only): RDMA WRITE
+    /// packets at the responder (each also counts in `out_of_seq_request`), READ responses at
+    /// the requester.
+    pub sr_placed_early: u64,
     /// Received packets discarded, by cause (some also count in an older counter: see
     /// [`RxDropCause`]).
     pub rx_drops: RxDrops,
@@ -275,6 +279,7 @@ impl AddAssign for Stats {
             sacks_sent,
             sacks_rcvd,
             sr_probes,
+            sr_placed_early,
             rx_drops
         );
     }

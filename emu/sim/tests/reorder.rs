@@ -61,12 +61,19 @@ fn selective_repeat_reordering_without_loss_retransmits_at_most_one_percent() {
 }
 
 /// IBTA mode under the same jitter: every reordered packet draws a sequence NAK and a
-/// go-back-N round, whose resends queue behind the paced link and reorder again. Measured, not
-/// a target met (issue 19 item 3 is open for IBTA mode; see the README): the stream completes,
-/// exactly once and in order.
+/// go-back-N round, whose resends queue behind the paced link and reorder again. That is the
+/// spec's behaviour, not ours to change (the responder discards past a PSN gap and NAKs, the
+/// requester goes back to the NAK's PSN; DIVERGENCES.md "Limits of IBTA mode"): issue 19 item
+/// 3 (≤ 1 % retransmitted) cannot hold in IBTA mode, and this test pins that it does not —
+/// measured 383,839 of 387,039 packets — while the stream still completes, exactly once and in
+/// order.
 #[test]
 fn ibta_reordering_without_loss_completes() {
     let (retx, sent) = stream(Recovery::Ibta);
     eprintln!("IBTA: {retx} of {sent} packets retransmitted");
     assert!(sent >= WRS * 16);
+    assert!(
+        retx * 100 > sent,
+        "IBTA mode under reordering: {retx} of {sent}"
+    );
 }

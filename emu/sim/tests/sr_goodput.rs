@@ -3,8 +3,9 @@
 //! at 4 KiB MTU), posted at once, over a link paced at 1 GB/s with 50 µs one-way latency; both
 //! directions lose packets at random with a fixed seed (selective ACKs are lost too). Goodput
 //! at 1 % and 5 % loss is compared with the lossless run (which fills the link) and each ratio
-//! pinned by a floor a little below what the engine reaches: measured 0.852 at 1 % and 0.787
-//! at 5 % (issue 19's targets are 0.9 and 0.7).
+//! pinned by a floor a little below what the engine reaches: measured 0.991 at 1 % and 0.951
+//! at 5 % (issue 19's targets are 0.9 and 0.7; round 2 reached 0.852 and 0.787 with a window of
+//! 128 PSNs, which a hole stalled while its resend crossed the queue at the rate limiter).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -85,7 +86,7 @@ fn ratio(base: &Run, run: &Run) -> f64 {
 fn selective_repeat_goodput_under_loss() {
     let base = stream(Recovery::SelectiveRepeat, 0.0);
     eprintln!("lossless: {base:?}");
-    for (loss, floor) in [(0.01, 0.82), (0.05, 0.75)] {
+    for (loss, floor) in [(0.01, 0.96), (0.05, 0.92)] {
         let run = stream(Recovery::SelectiveRepeat, loss);
         let r = ratio(&base, &run);
         eprintln!("loss {loss}: ratio {r:.3} {run:?}");

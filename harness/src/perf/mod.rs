@@ -360,11 +360,39 @@ impl From<std::io::Error> for PerfError {
     }
 }
 
-/// One measured run: a size at a loss rate.
+/// One measured run: a size at a loss rate. It travels in the client's `config` line as a
+/// `[size, loss]` pair: the line holds at most `emu_udp::oob::MAX_LINE` bytes, and a sweep of
+/// 7 loss rates × 2 modes' worth of rounds as objects overflowed it from `--rounds 4` on. The
+/// server still reads the older `{"size", "loss"}` form.
 #[derive(Serialize, Deserialize, Copy, Clone, Debug, PartialEq)]
+#[serde(from = "RunSpecWire", into = "(u64, f64)")]
 pub(crate) struct RunSpec {
     pub(crate) size: u64,
     pub(crate) loss: f64,
+}
+
+/// The forms a [`RunSpec`] is read from.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RunSpecWire {
+    Pair(u64, f64),
+    Object { size: u64, loss: f64 },
+}
+
+impl From<RunSpecWire> for RunSpec {
+    fn from(w: RunSpecWire) -> RunSpec {
+        match w {
+            RunSpecWire::Pair(size, loss) | RunSpecWire::Object { size, loss } => {
+                RunSpec { size, loss }
+            }
+        }
+    }
+}
+
+impl From<RunSpec> for (u64, f64) {
+    fn from(r: RunSpec) -> (u64, f64) {
+        (r.size, r.loss)
+    }
 }
 
 /// Everything both sides must agree on; the client sends it to the server.

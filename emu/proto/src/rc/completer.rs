@@ -111,7 +111,7 @@ pub(crate) fn handle_sack(qp: &mut Qp, ctx: &mut Ctx<'_>, sack: &SackPacketRepr)
         return Disposition::Done;
     }
     rc.stats.rcvd_pkts += 1;
-    super::sr::note_sack(rc, psn, sack.sack.bitmap);
+    super::sr::note_sack(rc, psn, &sack.sack.bitmap);
     ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
     if qp.rc.comp_psn.is_after(qp.rc.req_psn) {
         rewind(qp);
@@ -475,21 +475,50 @@ fn read_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Dispos
     // Responses imply ACKs for the SENDs and WRITEs before them.
     ack_through(qp, ctx, psn.wrapping_add(0xFF_FFFF));
     if psn != qp.rc.comp_psn {
+        if psn.is_after(qp.rc.comp_psn) && super::sr::enabled(qp) {
+            read_response_early(qp, ctx, pkt);
+            return Disposition::Done;
+        }
         // Older: a duplicate. Newer: earlier responses were lost; the timer recovers (§2.10).
         qp.rc.stats.count_drop(RxDropCause::StaleResponse);
         return Disposition::Done;
     }
-    let mtu = qp.attr.path_mtu.bytes();
-    let Some(head) = qp.sq.front() else {
+    if qp.sq.is_empty() {
         return Disposition::Done;
+    }
+    let last = match place_read_response(qp, ctx, 0, pkt) {
+        Ok(last) => last,
+        Err(status) => return fail_head(qp, ctx, status),
     };
-    let t = head.tx;
-    if !matches!(head.op, SendOp::RdmaRead { .. }) || !t.started {
-        return fail_head(qp, ctx, WcStatus::BadRespErr);
+    progress(qp, ctx, psn.wrapping_add(1));
+    if last {
+        complete_head(qp, ctx, WcStatus::Success);
+    }
+    if super::sr::enabled(qp) {
+        read_responses_placed_early(qp, ctx);
+    }
+    Disposition::Done
+}
+
+/// Checks READ response `pkt` against WQE `idx` (a started RDMA READ whose PSNs include it;
+/// its position in the message and its length) and places its payload in the WQE's SGEs.
+/// Returns whether it is the READ's last response packet, or the status the WQE fails with.
+fn place_read_response(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_>,
+    idx: usize,
+    pkt: &PacketRepr<'_>,
+) -> Result<bool, WcStatus> {
+    let psn = pkt.bth.psn;
+    let mtu = qp.attr.path_mtu.bytes();
+    let wqe = qp.sq.get(idx).ok_or(WcStatus::BadRespErr)?;
+    let t = wqe.tx;
+    if !matches!(wqe.op, SendOp::RdmaRead { .. }) || !t.started {
+        return Err(WcStatus::BadRespErr);
     }
     let i = u32::try_from(psn.diff(t.first_psn)).unwrap_or(u32::MAX);
     if i >= t.npkts || i < t.read_from {
-        return fail_head(qp, ctx, WcStatus::BadRespErr);
+        return Err(WcStatus::BadRespErr);
     }
     // The opcode's position must fit packet i of a request that started at some packet
     // s <= i: after a go-back-N the responses of the original request and of a partial
@@ -504,32 +533,67 @@ fn read_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Dispos
         None => false,
     };
     let offset = u64::from(i) * u64::from(mtu);
-    let want = head.length.saturating_sub(offset).min(u64::from(mtu));
+    let want = wqe.length.saturating_sub(offset).min(u64::from(mtu));
     if !pos_ok || pkt.payload.len() as u64 != want {
-        return fail_head(qp, ctx, WcStatus::BadRespErr);
+        return Err(WcStatus::BadRespErr);
     }
     let placed = sg_copy(
         ctx,
-        &head.sges,
+        &wqe.sges,
         offset,
         pkt.payload.len(),
         |key, at, range| ctx.mem.write(key, at, &pkt.payload[range]),
     );
-    if placed.is_err() || !local_writable(qp, ctx) {
-        return fail_head(qp, ctx, WcStatus::LocProtErr);
+    if placed.is_err() || !local_writable(qp, ctx, idx) {
+        return Err(WcStatus::LocProtErr);
     }
     qp.rc.stats.rcvd_bytes += want;
-    progress(qp, ctx, psn.wrapping_add(1));
-    if last {
-        complete_head(qp, ctx, WcStatus::Success);
-    }
-    Disposition::Done
+    Ok(last)
 }
 
-/// True if the head WQE's SGEs still name MRs with LOCAL_WRITE (they were checked at start;
-/// an MR may have been deregistered since).
-fn local_writable(qp: &Qp, ctx: &Ctx<'_>) -> bool {
-    qp.sq.front().is_some_and(|w| {
+/// Selective repeat: a READ response after `comp_psn` (earlier ones were lost or overtaken)
+/// lands in its READ's SGEs on arrival, once, if it passes the in-order checks
+/// ([`place_read_response`]); the READ still completes in order, when `comp_psn` reaches it
+/// ([`read_responses_placed_early`]). One that fails a check, or was placed already, is
+/// dropped: the in-order path meets it again when it is resent.
+fn read_response_early(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) {
+    let psn = pkt.bth.psn;
+    let idx = qp.sq.iter().position(|w| {
+        w.tx.started
+            && matches!(w.op, SendOp::RdmaRead { .. })
+            && !psn.is_before(w.tx.first_psn)
+            && !psn.is_after(w.tx.last_psn())
+    });
+    let fresh = !qp.rc.sr.read_placed.contains(&psn.value());
+    match idx.filter(|_| fresh) {
+        Some(idx) if place_read_response(qp, ctx, idx, pkt).is_ok() => {
+            qp.rc.sr.read_placed.insert(psn.value());
+            qp.rc.stats.sr_placed_early += 1;
+        }
+        _ => qp.rc.stats.count_drop(RxDropCause::StaleResponse),
+    }
+}
+
+/// Selective repeat: moves `comp_psn` over READ responses placed on arrival that it has
+/// reached, completing each READ whose last response it passes.
+fn read_responses_placed_early(qp: &mut Qp, ctx: &mut Ctx<'_>) {
+    while qp.rc.sr.read_placed.remove(&qp.rc.comp_psn.value()) {
+        let psn = qp.rc.comp_psn;
+        let last = qp
+            .sq
+            .front()
+            .is_some_and(|h| h.op.is_read_or_atomic() && h.tx.last_psn() == psn);
+        progress(qp, ctx, psn.wrapping_add(1));
+        if last {
+            complete_head(qp, ctx, WcStatus::Success);
+        }
+    }
+}
+
+/// True if WQE `idx`'s SGEs still name MRs with LOCAL_WRITE (they were checked at start; an
+/// MR may have been deregistered since).
+fn local_writable(qp: &Qp, ctx: &Ctx<'_>, idx: usize) -> bool {
+    qp.sq.get(idx).is_some_and(|w| {
         w.sges.iter().filter(|s| s.length != 0).all(|s| {
             ctx.mr(s.lkey, qp.pd)
                 .is_some_and(|m| m.access.contains(AccessFlags::LOCAL_WRITE))
@@ -558,7 +622,7 @@ fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_>) -> Dispositi
     let placed: Result<(), MemoryFault> = sg_copy(ctx, &head.sges, 0, 8, |key, at, range| {
         ctx.mem.write(key, at, &bytes[range])
     });
-    if placed.is_err() || !local_writable(qp, ctx) {
+    if placed.is_err() || !local_writable(qp, ctx, 0) {
         return fail_head(qp, ctx, WcStatus::LocProtErr);
     }
     progress(qp, ctx, psn.wrapping_add(1));

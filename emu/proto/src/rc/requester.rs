@@ -65,7 +65,7 @@ pub(crate) fn next_packet(
             continue;
         }
         let uc = qp.qp_type == QpType::Uc;
-        if !uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= window(qp) {
+        if !uc && window_full(qp) {
             return None;
         }
         return match build(qp, ctx, idx, src, buf) {
@@ -92,13 +92,14 @@ pub(crate) fn next_packet(
     }
 }
 
-/// Un-ACKed PSNs allowed: [`MAX_UNACKED_PSNS`] in IBTA mode, [`super::sr::WINDOW`] with
-/// selective repeat (a loss there holds back only the PSN lost, not the window behind it).
-fn window(qp: &Qp) -> i32 {
+/// Whether the window is full: [`MAX_UNACKED_PSNS`] un-ACKed PSNs in IBTA mode; with
+/// selective repeat, see [`super::sr::window_full`] (a loss there holds back only the PSN
+/// lost, not the window behind it).
+fn window_full(qp: &Qp) -> bool {
     if super::sr::enabled(qp) {
-        super::sr::WINDOW
+        super::sr::window_full(&qp.rc)
     } else {
-        MAX_UNACKED_PSNS
+        qp.rc.req_psn.diff(qp.rc.comp_psn) >= MAX_UNACKED_PSNS
     }
 }
 
@@ -195,7 +196,7 @@ fn start(qp: &mut Qp, ctx: &Ctx<'_>, idx: usize) -> bool {
     {
         return false;
     }
-    if qp.qp_type != QpType::Uc && qp.rc.req_psn.diff(qp.rc.comp_psn) >= window(qp) {
+    if qp.qp_type != QpType::Uc && window_full(qp) {
         return false;
     }
     let mtu = qp.attr.path_mtu.bytes();

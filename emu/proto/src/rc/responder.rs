@@ -14,12 +14,13 @@ use verbs_api::{
 use super::requester::{position, sg_copy};
 use super::tx::{self, PacketClass, TxError};
 use super::{Ctx, InMsg, Resource, ResourceKind, Response, packets};
+use crate::ids::PdId;
 use crate::memory::AtomicOp;
 use crate::qp::{Qp, RecvWqe};
 use crate::stats::RxDropCause;
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, IpContext, NakCode, Opcode, PacketRepr, Position, Psn,
-    RnrTimer, SACK_OPCODE, SackPacketRepr, SackRepr, Syndrome, fill_icrc,
+    RethRepr, RnrTimer, SACK_OPCODE, SackPacketRepr, SackRepr, Syndrome, fill_icrc,
 };
 
 /// How many responses a QP may have queued; beyond it, new requests are dropped (the requester
@@ -66,7 +67,8 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &PacketRepr<'_
     let psn = pkt.bth.psn;
     let d = psn.diff(qp.rc.epsn);
     if d > 0 && super::sr::enabled(qp) {
-        if super::sr::hold(qp, pkt, d) {
+        let place = |qp: &mut Qp, ahead| place_early(qp, ctx, pkt, ahead);
+        if super::sr::hold(qp, pkt, d, place) {
             return Disposition::Accepted;
         }
         qp.rc.stats.count_drop(RxDropCause::OutOfSequence);
@@ -105,7 +107,10 @@ fn drain_held(qp: &mut Qp, ctx: &mut Ctx<'_>) -> Disposition {
     let mut drained = false;
     while let Some(held) = super::sr::take_next_held(&mut qp.rc) {
         drained = true;
-        match in_order(qp, ctx, &held.repr()) {
+        qp.rc.sr.replaying_placed = held.placed.is_some();
+        let d = in_order(qp, ctx, &held.repr());
+        qp.rc.sr.replaying_placed = false;
+        match d {
             Disposition::Accepted => {}
             Disposition::Fatal => return Disposition::Fatal,
             Disposition::Dropped | Disposition::NotReady => break,
@@ -208,18 +213,7 @@ fn execute_in_order(
         return Err(reject(NakCode::InvalidRequest));
     }
 
-    // check_op_valid (§4.3): the QP's access flags; rxe answers INVALID_REQUEST here.
-    let access = qp.attr.qp_access_flags;
-    let need = if op.is_write() {
-        Some(AccessFlags::REMOTE_WRITE)
-    } else if op == Opcode::RdmaReadRequest {
-        Some(AccessFlags::REMOTE_READ)
-    } else if matches!(op, Opcode::CompareSwap | Opcode::FetchAdd) {
-        Some(AccessFlags::REMOTE_ATOMIC)
-    } else {
-        None
-    };
-    if need.is_some_and(|need| !access.contains(need)) {
+    if !op_valid(qp, op) {
         return Err(reject(NakCode::InvalidRequest));
     }
     let rd = matches!(
@@ -231,13 +225,7 @@ fn execute_in_order(
     }
 
     // check_length (§1.7), before anything is consumed.
-    let length_ok = match pos {
-        _ if !op.has_payload() => true,
-        Position::First | Position::Middle => n == mtu,
-        Position::Last => n >= 1 && n <= mtu,
-        Position::Only => n <= mtu,
-    };
-    if !length_ok {
+    if !length_ok(op, pos, n, mtu) {
         return Err(reject(NakCode::InvalidRequest));
     }
 
@@ -261,6 +249,61 @@ fn execute_in_order(
             }
         }
     })
+}
+
+/// check_op_valid (§4.3): whether the QP's access flags grant what `op` needs (rxe answers
+/// INVALID_REQUEST otherwise).
+fn op_valid(qp: &Qp, op: Opcode) -> bool {
+    let need = if op.is_write() {
+        Some(AccessFlags::REMOTE_WRITE)
+    } else if op == Opcode::RdmaReadRequest {
+        Some(AccessFlags::REMOTE_READ)
+    } else if matches!(op, Opcode::CompareSwap | Opcode::FetchAdd) {
+        Some(AccessFlags::REMOTE_ATOMIC)
+    } else {
+        None
+    };
+    need.is_none_or(|need| qp.attr.qp_access_flags.contains(need))
+}
+
+/// check_length (§1.7): whether an `op` packet at `pos` may carry `n` payload bytes.
+fn length_ok(op: Opcode, pos: Position, n: u64, mtu: u64) -> bool {
+    match pos {
+        _ if !op.has_payload() => true,
+        Position::First | Position::Middle => n == mtu,
+        Position::Last => n >= 1 && n <= mtu,
+        Position::Only => n <= mtu,
+    }
+}
+
+/// check_rkey for an RDMA WRITE's RETH (§4.4): the memory key and offset its first byte lands
+/// at. A zero-length WRITE is not validated (C9-88).
+fn write_target(qp: &Qp, ctx: &Ctx<'_>, reth: &RethRepr) -> Result<(u32, u64), Reject> {
+    if reth.dma_len > MAX_DMA_LEN {
+        return Err(reject(NakCode::InvalidRequest));
+    }
+    if reth.dma_len == 0 {
+        return Ok((0, 0));
+    }
+    ctx.resolve_remote(
+        reth.rkey,
+        qp.pd,
+        qp.qpn,
+        reth.va,
+        u64::from(reth.dma_len),
+        AccessFlags::REMOTE_WRITE,
+    )
+    .ok_or_else(|| reject(NakCode::RemoteAccessError))
+}
+
+/// Whether memory key `key`, resolved from `rkey` at a WRITE's first packet, still grants the
+/// rest of the message. Later packets reuse it (§4.4), but only while the MR is still
+/// registered: once deregistered, its key is stale and its index may already name another
+/// MR, which drivers that map memory by key index (emu-sim) would write into. As for an MR
+/// gone mid-READ, that is an R_Key violation (class C). A window invalidated since the first
+/// packet no longer grants the rest of the message either.
+fn write_granted(ctx: &Ctx<'_>, pd: PdId, rkey: u32, key: u32) -> bool {
+    ctx.mr(key, pd).is_some() && crate::mw::still_bound(ctx.mws, rkey, key)
 }
 
 /// Commits an accepted in-order SEND/WRITE packet: ePSN advances; AckReq asks for an ACK,
@@ -459,23 +502,7 @@ pub(crate) fn write(
     }
     if matches!(pos, Position::First | Position::Only) {
         let reth = pkt.reth.ok_or_else(|| reject(NakCode::InvalidRequest))?;
-        if reth.dma_len > MAX_DMA_LEN {
-            return Err(reject(NakCode::InvalidRequest));
-        }
-        // check_rkey (§4.4); a zero-length WRITE is not validated (C9-88).
-        let (key, offset) = if reth.dma_len == 0 {
-            (0, 0)
-        } else {
-            ctx.resolve_remote(
-                reth.rkey,
-                qp.pd,
-                qp.qpn,
-                reth.va,
-                u64::from(reth.dma_len),
-                AccessFlags::REMOTE_WRITE,
-            )
-            .ok_or_else(|| reject(NakCode::RemoteAccessError))?
-        };
+        let (key, offset) = write_target(qp, ctx, &reth)?;
         qp.rc.msg = InMsg::Write {
             rkey: reth.rkey,
             key,
@@ -499,13 +526,13 @@ pub(crate) fn write(
     if n > *remaining || (last && n != *remaining) {
         return Err(reject(NakCode::InvalidRequest));
     }
-    // MIDDLE and LAST reuse the MR resolved on FIRST (§4.4), but only while it is still
-    // registered: once deregistered, its key is stale and its index may already name another
-    // MR, which drivers that map memory by key index (emu-sim) would write into. As for an MR
-    // gone mid-READ, that is an R_Key violation (class C).
-    // A window invalidated since FIRST no longer grants the rest of the message either.
-    let gone = ctx.mr(*key, pd).is_none() || !crate::mw::still_bound(ctx.mws, *rkey, *key);
-    if n != 0 && (gone || ctx.mem.write(*key, *offset, pkt.payload).is_err()) {
+    // MIDDLE and LAST reuse the MR resolved on FIRST while it still grants them. A packet
+    // selective repeat placed on arrival (`place_early`) is checked again but not written again.
+    let placed = qp.rc.sr.replaying_placed;
+    if n != 0
+        && (!write_granted(ctx, pd, *rkey, *key)
+            || (!placed && ctx.mem.write(*key, *offset, pkt.payload).is_err()))
+    {
         return Err(reject(NakCode::RemoteAccessError));
     }
     *offset += n;
@@ -535,6 +562,93 @@ pub(crate) fn write(
         }
     }
     Ok(Disposition::Accepted)
+}
+
+/// Selective repeat: places RDMA WRITE packet `pkt`, held `ahead` PSNs after ePSN, in memory
+/// on arrival, if where it goes is known and it passes the checks the in-order stages make
+/// ([`op_valid`], [`length_ok`], [`write_target`] or [`write_granted`], the bytes fit the
+/// message). Where it goes is known when it opens its message (FIRST/ONLY), or when the message
+/// open in order or a held packet placed before it covers its PSN: a message's packets have
+/// consecutive PSNs, so its length says which PSNs are its own. Packets with immediate data
+/// (they need a receive WQE, which may be missing), SENDs, READs and atomics wait for the
+/// in-order stages. Returns where it went, or `None` if it was not placed.
+pub(crate) fn place_early(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_>,
+    pkt: &PacketRepr<'_>,
+    ahead: u32,
+) -> Option<super::sr::Placed> {
+    let op = pkt.bth.opcode;
+    let pos = op.position()?;
+    let n = pkt.payload.len() as u64;
+    let mtu = u64::from(qp.attr.path_mtu.bytes());
+    if !op.is_write() || pkt.immdt.is_some() || n == 0 {
+        return None;
+    }
+    if !op_valid(qp, op) || !length_ok(op, pos, n, mtu) {
+        return None;
+    }
+    let at = early_target(qp, ctx, pkt, pos, ahead, mtu)?;
+    let last = matches!(pos, Position::Last | Position::Only);
+    if n > at.room || (last && n != at.room) || !write_granted(ctx, qp.pd, at.rkey, at.key) {
+        return None;
+    }
+    ctx.mem.write(at.key, at.offset, pkt.payload).ok()?;
+    qp.rc.stats.sr_placed_early += 1;
+    Some(at)
+}
+
+/// Where WRITE packet `pkt` at `pos`, `ahead` PSNs after ePSN, goes (see [`place_early`]).
+fn early_target(
+    qp: &Qp,
+    ctx: &Ctx<'_>,
+    pkt: &PacketRepr<'_>,
+    pos: Position,
+    ahead: u32,
+    mtu: u64,
+) -> Option<super::sr::Placed> {
+    use super::sr::Placed;
+    if matches!(pos, Position::First | Position::Only) {
+        let reth = pkt.reth?;
+        let (key, offset) = write_target(qp, ctx, &reth).ok()?;
+        let room = u64::from(reth.dma_len);
+        return Some(Placed {
+            rkey: reth.rkey,
+            key,
+            offset,
+            room,
+        });
+    }
+    // From a packet `k` PSNs before this one whose place is known.
+    let from = |p: Placed, k: u32| {
+        let skip = u64::from(k) * mtu;
+        (p.room > skip).then(|| Placed {
+            offset: p.offset + skip,
+            room: p.room - skip,
+            ..p
+        })
+    };
+    if let InMsg::Write {
+        rkey,
+        key,
+        offset,
+        remaining,
+        ..
+    } = qp.rc.msg
+    {
+        let open = Placed {
+            rkey,
+            key,
+            offset,
+            room: remaining,
+        };
+        if let Some(at) = from(open, ahead) {
+            return Some(at);
+        }
+    }
+    let psn = pkt.bth.psn;
+    let (k, placed) = super::sr::nearest_placed_before(&qp.rc, psn)?;
+    from(placed, k)
 }
 
 /// Adds a responder resource, dropping the oldest beyond `max_dest_rd_atomic` (§4.5).

@@ -3,11 +3,22 @@
 //! selective ACK ([`crate::wire::SackPacketRepr`]) on the wire, which a standard peer never
 //! sees because a QP left at `Recovery::Ibta` never sends one and drops any it receives.
 //!
-//! * Responder: a request up to [`SACK_SPAN`] PSNs ahead of ePSN is *held* (a copy of the
-//!   packet) instead of drawing a sequence NAK, and answered with a selective ACK. When the
-//!   gap fills, held packets are executed in PSN order through the ordinary in-order stages,
-//!   so SENDs, WRITEs, READs and atomics take effect and complete in order and exactly once
-//!   (a reorder buffer: WRITE data is not placed before the packets ahead of it arrive).
+//! * Responder: a request up to [`SACK_SPAN`] PSNs ahead of ePSN is *held* instead of drawing
+//!   a sequence NAK, and answered with a selective ACK. An RDMA WRITE packet without
+//!   immediate data whose place is known (it opens its message, or the message open in order
+//!   or a held packet placed before it covers its PSN) and that passes the in-order path's own
+//!   checks is placed in memory on arrival and held without its payload
+//!   (`responder::place_early`); any other request is held with a copy of its payload. When
+//!   the gap fills, held packets run in PSN order through the ordinary in-order stages, which
+//!   check a placed packet again but do not write it again, so SENDs, WRITEs, READs and
+//!   atomics complete in order and exactly once, and SENDs, immediate data and the MSN
+//!   advance in order. A duplicate of a held packet is not placed again.
+//!
+//!   If the QP enters ERR before the gap fills (an error at or before a placed packet's PSN),
+//!   the bytes placed stay in memory, as on hardware with out-of-order placement (IRN,
+//!   ConnectX adaptive routing): the WR they belong to never completes successfully (it is
+//!   flushed or fails at the requester), so the application must treat its target as
+//!   undefined, which IBTA already requires of a WRITE that did not complete.
 //! * Requester/completer: every transmission gets a sequence number; a selective ACK marks
 //!   what arrived, and a unit still missing when [`REORDER_THRESHOLD`] transmissions sent
 //!   after it have been delivered is resent, alone (not the window behind it). A probe timer
@@ -15,11 +26,15 @@
 //!   resend with nothing behind it, the stream's tail, a lost selective ACK); the local ACK
 //!   timeout stays the last resort and still spends `retry_cnt`.
 //!
-//! What it is not: IBTA behaviour. IBTA mode never reaches this module. READ responses are
-//! still accepted in order only (a gap in them is recovered by re-requesting the rest, as in
-//! IBTA mode, or by the probe).
+//! * Completer: a READ response after `comp_psn` (earlier ones lost or overtaken) that passes
+//!   the in-order checks lands in its READ's SGEs on arrival, once ([`SrState::read_placed`]);
+//!   the READ completes in order when `comp_psn` reaches it. A gap in the responses is still
+//!   recovered by re-requesting the rest (as in IBTA mode) or by the probe; responses placed
+//!   already are dropped when they come again.
+//!
+//! What it is not: IBTA behaviour. IBTA mode never reaches this module.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use verbs_api::{QpType, Recovery};
@@ -27,7 +42,7 @@ use verbs_api::{QpType, Recovery};
 use super::{RcState, Response, packets};
 use crate::qp::Qp;
 use crate::time::Instant;
-use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN};
+use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN, SackBitmap};
 
 /// A missing unit is resent once transmissions this many sequence numbers after its own have
 /// been delivered: reordering by fewer packets never causes a resend (issue 19 item 3). Eight
@@ -35,10 +50,16 @@ use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN};
 /// loss 8 deliveries sooner than 16 did (5 % loss, `emu-sim` `sr_goodput`: 0.60× → 0.79×).
 pub(crate) const REORDER_THRESHOLD: u64 = 8;
 
-/// The requester's window with selective repeat, in un-ACKed PSNs: everything in flight stays
+/// The requester's window with selective repeat, in un-ACKed PSNs: everything sent stays
 /// within one selective ACK's bitmap ([`SACK_SPAN`] PSNs after the responder's ePSN, which is
 /// never before the requester's oldest un-ACKed PSN).
-pub(crate) const WINDOW: i32 = 128;
+const WINDOW: i32 = SACK_SPAN as i32;
+
+/// The requester's flight with selective repeat: PSNs sent and neither acknowledged nor
+/// reported received. It bounds what sits in the network; [`WINDOW`], four times larger,
+/// lets new data flow past a hole while its resend crosses the queue the flight built
+/// (`emu-sim` `sr_goodput`, 1 % loss: 0.852× with the window equal to the flight).
+const FLIGHT: i32 = 128;
 
 /// The shortest probe interval.
 const MIN_PROBE: Duration = Duration::from_micros(100);
@@ -52,9 +73,16 @@ pub(crate) struct SrState {
     // ---- responder ----
     /// Requests received ahead of ePSN, by PSN.
     pub(crate) held: BTreeMap<u32, Held>,
+    /// The in-order stages are running a held packet placed on arrival: RDMA WRITE checks it
+    /// and advances, but does not write it again.
+    pub(crate) replaying_placed: bool,
     // ---- requester ----
     /// Units in flight by PSN (a READ or atomic is one unit at its first PSN).
     pub(crate) units: BTreeMap<u32, Unit>,
+    /// Units in `units` reported received (a READ counts once).
+    pub(crate) sacked: i32,
+    /// PSNs after `comp_psn` of READ responses placed on arrival (`completer`).
+    pub(crate) read_placed: BTreeSet<u32>,
     /// Sequence number of the latest transmission.
     pub(crate) seq: u64,
     /// The highest sequence number known delivered.
@@ -74,16 +102,42 @@ pub(crate) struct SrState {
 pub(crate) struct Held {
     /// The headers (payload empty).
     pub(crate) hdrs: PacketRepr<'static>,
+    /// The payload; empty if it was placed on arrival.
     pub(crate) payload: Vec<u8>,
+    /// Payload length.
+    pub(crate) len: usize,
     /// PSNs it covers: a READ request's response packets, else 1.
     pub(crate) span: u32,
+    /// An RDMA WRITE packet placed in memory on arrival (`responder::place_early`): where.
+    pub(crate) placed: Option<Placed>,
 }
 
+/// Where an RDMA WRITE packet placed on arrival went.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Placed {
+    /// The R_Key its message named.
+    pub(crate) rkey: u32,
+    /// The memory key and offset of its first byte.
+    pub(crate) key: u32,
+    pub(crate) offset: u64,
+    /// Bytes of its message from its first byte on.
+    pub(crate) room: u64,
+}
+
+/// Stands in for the payload of a packet placed on arrival when the in-order stages run it:
+/// they check its length and account for it but do not write it again
+/// (`SrState::replaying_placed`). The largest path MTU long.
+static PLACED_PAYLOAD: [u8; 4096] = [0; 4096];
+
 impl Held {
-    /// The packet again.
+    /// The packet again (for a placed one, with a stand-in payload of its length).
     pub(crate) fn repr(&self) -> PacketRepr<'_> {
+        let payload = match self.placed {
+            Some(_) => PLACED_PAYLOAD.get(..self.len).unwrap_or(&[]),
+            None => &self.payload,
+        };
         PacketRepr {
-            payload: &self.payload,
+            payload,
             ..self.hdrs
         }
     }
@@ -107,36 +161,63 @@ pub(crate) fn enabled(qp: &Qp) -> bool {
 
 // ---- responder -----------------------------------------------------------------------------
 
-/// Holds request `pkt`, `ahead` PSNs after ePSN, and queues a selective ACK. False if it is too
-/// far ahead to describe in a selective ACK (then it is dropped).
-pub(crate) fn hold(qp: &mut Qp, pkt: &PacketRepr<'_>, ahead: i32) -> bool {
-    if u32::try_from(ahead).map_or(true, |a| a > SACK_SPAN) {
+/// Holds request `pkt`, `ahead` PSNs after ePSN, and queues a selective ACK; the first copy of
+/// it is offered to `place` (which places it in memory now, or declines), a duplicate is not.
+/// False if it is too far ahead to describe in a selective ACK (then it is dropped).
+pub(crate) fn hold(
+    qp: &mut Qp,
+    pkt: &PacketRepr<'_>,
+    ahead: i32,
+    place: impl FnOnce(&mut Qp, u32) -> Option<Placed>,
+) -> bool {
+    let Some(ahead) = u32::try_from(ahead).ok().filter(|&a| a <= SACK_SPAN) else {
         return false;
-    }
+    };
     let span = match (pkt.bth.opcode, pkt.reth) {
         (Opcode::RdmaReadRequest, Some(reth)) => {
             packets(u64::from(reth.dma_len), qp.attr.path_mtu.bytes())
         }
         _ => 1,
     };
-    let rc = &mut qp.rc;
-    rc.stats.out_of_seq_request += 1;
+    qp.rc.stats.out_of_seq_request += 1;
     let key = pkt.bth.psn.value();
-    match rc.sr.held.entry(key) {
-        std::collections::btree_map::Entry::Occupied(_) => rc.stats.duplicate_request += 1,
-        std::collections::btree_map::Entry::Vacant(v) => {
-            v.insert(Held {
-                hdrs: PacketRepr {
-                    payload: &[],
-                    ..*pkt
-                },
-                payload: pkt.payload.to_vec(),
-                span,
-            });
-        }
+    if qp.rc.sr.held.contains_key(&key) {
+        qp.rc.stats.duplicate_request += 1;
+    } else {
+        let placed = place(qp, ahead);
+        let payload = match placed {
+            Some(_) => Vec::new(),
+            None => pkt.payload.to_vec(),
+        };
+        let held = Held {
+            hdrs: PacketRepr {
+                payload: &[],
+                ..*pkt
+            },
+            payload,
+            len: pkt.payload.len(),
+            span,
+            placed,
+        };
+        qp.rc.sr.held.insert(key, held);
     }
-    queue_sack(rc);
+    queue_sack(&mut qp.rc);
     true
+}
+
+/// The held packet placed on arrival nearest before `psn`: how many PSNs before, and where it
+/// went.
+pub(crate) fn nearest_placed_before(rc: &RcState, psn: Psn) -> Option<(u32, Placed)> {
+    rc.sr
+        .held
+        .iter()
+        .filter_map(|(&k, h)| {
+            let before = u32::try_from(psn.diff(Psn::new(k)))
+                .ok()
+                .filter(|&b| b > 0)?;
+            Some((before, h.placed?))
+        })
+        .min_by_key(|&(before, _)| before)
 }
 
 /// Queues a selective ACK for the current ePSN, merged into one still queued last.
@@ -157,21 +238,15 @@ pub(crate) fn take_next_held(rc: &mut RcState) -> Option<Held> {
 
 /// The bitmap of a selective ACK whose BTH PSN is `psn`: PSNs after it executed since it was
 /// queued, and PSNs held (a held READ covers its response PSNs).
-pub(crate) fn bitmap(rc: &RcState, psn: Psn) -> u128 {
+pub(crate) fn bitmap(rc: &RcState, psn: Psn) -> SackBitmap {
     let base = psn.wrapping_add(1);
-    let mut bits = 0u128;
-    let mut set = |off: i64| {
-        if (0..i64::from(SACK_SPAN)).contains(&off) {
-            bits |= 1 << off;
-        }
-    };
-    for off in 0..i64::from(rc.epsn.diff(base).max(0)).min(i64::from(SACK_SPAN)) {
-        set(off);
-    }
+    let mut bits = SackBitmap::first(u32::try_from(rc.epsn.diff(base)).unwrap_or(0));
     for (&k, h) in &rc.sr.held {
         let start = i64::from(Psn::new(k).diff(base));
         for j in 0..i64::from(h.span.min(SACK_SPAN)) {
-            set(start + j);
+            if let Ok(off) = u32::try_from(start + j) {
+                bits.set(off);
+            }
         }
     }
     bits
@@ -202,7 +277,15 @@ fn probe_interval(rc: &RcState) -> Duration {
 /// The responder acknowledged everything before `comp`: forget those units, restart the probe.
 pub(crate) fn progress(rc: &mut RcState, now: Instant) {
     let comp = rc.comp_psn;
-    rc.sr.units.retain(|&k, _| !Psn::new(k).is_before(comp));
+    let sacked = &mut rc.sr.sacked;
+    rc.sr.units.retain(|&k, u| {
+        let keep = !Psn::new(k).is_before(comp);
+        if !keep && u.sacked {
+            *sacked -= 1;
+        }
+        keep
+    });
+    rc.sr.read_placed.retain(|&k| !Psn::new(k).is_before(comp));
     rc.sr.backoff = 0;
     rc.sr.probe_at = comp
         .is_before(rc.sent_high)
@@ -211,18 +294,20 @@ pub(crate) fn progress(rc: &mut RcState, now: Instant) {
 
 /// A selective ACK (BTH PSN `psn`, `bitmap`) before its cumulative part is applied: what it
 /// shows delivered raises the delivered sequence number; what it reports received is marked.
-pub(crate) fn note_sack(rc: &mut RcState, psn: Psn, bitmap: u128) {
+pub(crate) fn note_sack(rc: &mut RcState, psn: Psn, bitmap: &SackBitmap) {
     rc.stats.sacks_rcvd += 1;
     let base = psn.wrapping_add(1);
     let sr = &mut rc.sr;
     for (&k, u) in sr.units.iter_mut() {
         let p = Psn::new(k);
         let off = p.diff(base);
-        let received = p.is_before(psn)
-            || (u32::try_from(off).is_ok_and(|o| o < SACK_SPAN) && bitmap >> off & 1 == 1);
+        let received = p.is_before(psn) || u32::try_from(off).is_ok_and(|o| bitmap.has(o));
         if received {
             sr.delivered = sr.delivered.max(u.seq);
-            u.sacked = true;
+            if !u.sacked {
+                u.sacked = true;
+                sr.sacked += 1;
+            }
         }
     }
 }
@@ -289,6 +374,16 @@ pub(crate) fn rewound(rc: &mut RcState) {
     for u in rc.sr.units.values_mut() {
         u.queued = false;
     }
+}
+
+/// Whether the requester must wait: [`WINDOW`] PSNs after the oldest unacknowledged one are
+/// used, or [`FLIGHT`] PSNs are in flight (a READ reported received counts as one PSN, so its
+/// flight is overestimated, never under). A go-back-N resend of what was sent before is never
+/// held back by the flight: it is part of it.
+pub(crate) fn window_full(rc: &RcState) -> bool {
+    let used = rc.req_psn.diff(rc.comp_psn);
+    let new = !rc.req_psn.is_before(rc.sent_high);
+    used >= WINDOW || (new && used - rc.sr.sacked >= FLIGHT)
 }
 
 /// Whether unit `psn` was reported received.

@@ -53,7 +53,8 @@ pub use packet::{Packet, PacketRepr, pad_len};
 pub use psn::Psn;
 pub use reth::{Reth, RethRepr};
 pub use sack::{
-    SACK_ETH_LEN, SACK_OPCODE, SACK_PACKET_LEN, SACK_SPAN, SackEth, SackPacketRepr, SackRepr,
+    SACK_ETH_LEN, SACK_OPCODE, SACK_PACKET_LEN, SACK_SPAN, SackBitmap, SackEth, SackPacketRepr,
+    SackRepr,
 };
 
 /// Base transport header length in bytes (rc-transport.md §1.2).

@@ -1,5 +1,5 @@
 //! The selective ACK of softverbs' selective-repeat extension (rc-transport.md "softverbs
-//! extensions"): a manufacturer-specific BTH opcode followed by a 20-byte SACK extended
+//! extensions"): a manufacturer-specific BTH opcode followed by a 68-byte SACK extended
 //! header. Only QPs that both set `Recovery::SelectiveRepeat` ever send or accept it.
 //!
 //! IBTA vol. 1 Table 38 leaves the opcodes whose transport bits are `111` (0xE0..=0xFF) to
@@ -15,7 +15,11 @@
 //! |-------|-------|
 //! | 0     | reserved, 0 |
 //! | 1–3   | MSN (24 bits, as the AETH's) |
-//! | 4–19  | bitmap, big-endian: bit *i* (LSB = 0) set = PSN `bth.psn + 1 + i` received |
+//! | 4–67  | bitmap, one 512-bit big-endian number: bit *i* (LSB = 0) set = PSN `bth.psn + 1 + i` received |
+//!
+//! The bitmap spans [`SACK_SPAN`] PSNs, four times the requester's flight
+//! (`rc::sr::FLIGHT`), so a hole at the window's left edge does not stop new data while its
+//! resend queues behind the packets in flight.
 //!
 //! What it is not: it carries no credits and no NAK codes; errors still travel as IBTA NAKs.
 
@@ -27,13 +31,71 @@ use super::{
 pub const SACK_OPCODE: u8 = 0xF1;
 
 /// SACK extended header length in bytes.
-pub const SACK_ETH_LEN: usize = 20;
+pub const SACK_ETH_LEN: usize = 4 + SACK_BITMAP_LEN;
+
+/// Bitmap length in bytes.
+const SACK_BITMAP_LEN: usize = SACK_SPAN as usize / 8;
 
 /// Length of a whole SACK packet (BTH, SACK ETH, ICRC; no payload, no pad).
 pub const SACK_PACKET_LEN: usize = BTH_LEN + SACK_ETH_LEN + ICRC_LEN;
 
 /// PSNs after the BTH PSN one SACK can describe.
-pub const SACK_SPAN: u32 = 128;
+pub const SACK_SPAN: u32 = 512;
+
+/// The received-PSN bitmap of a selective ACK: bit *i* set = PSN `bth.psn + 1 + i` received,
+/// for *i* below [`SACK_SPAN`].
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SackBitmap(pub [u64; SACK_SPAN as usize / 64]);
+
+impl SackBitmap {
+    /// Whether bit `i` is set (false beyond [`SACK_SPAN`]).
+    pub fn has(&self, i: u32) -> bool {
+        let i = i as usize;
+        self.0.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
+    }
+
+    /// Sets bit `i`; ignored beyond [`SACK_SPAN`].
+    pub fn set(&mut self, i: u32) {
+        let i = i as usize;
+        if let Some(w) = self.0.get_mut(i / 64) {
+            *w |= 1 << (i % 64);
+        }
+    }
+
+    /// The bitmap with bits `0..n` set (all of them if `n` ≥ [`SACK_SPAN`]).
+    pub fn first(n: u32) -> SackBitmap {
+        let mut b = SackBitmap::default();
+        for (k, w) in b.0.iter_mut().enumerate() {
+            let lo = 64 * k as u32;
+            *w = match n.saturating_sub(lo) {
+                0 => 0,
+                r if r >= 64 => u64::MAX,
+                r => (1 << r) - 1,
+            };
+        }
+        b
+    }
+
+    /// The wire form: one big-endian number, so bit 0 is the last byte's LSB.
+    fn to_bytes(self) -> [u8; SACK_BITMAP_LEN] {
+        let mut out = [0u8; SACK_BITMAP_LEN];
+        for (k, w) in self.0.iter().enumerate() {
+            let at = SACK_BITMAP_LEN - 8 * (k + 1);
+            out[at..at + 8].copy_from_slice(&w.to_be_bytes());
+        }
+        out
+    }
+
+    /// Reads the wire form ([`SackBitmap::to_bytes`]).
+    fn from_bytes(bytes: &[u8; SACK_BITMAP_LEN]) -> SackBitmap {
+        let mut b = SackBitmap::default();
+        for (k, w) in b.0.iter_mut().enumerate() {
+            let at = SACK_BITMAP_LEN - 8 * (k + 1);
+            *w = u64::from_be_bytes(read(&bytes[at..at + 8], 0));
+        }
+        b
+    }
+}
 
 header_view!(
     /// A view over a SACK extended header (this module's table).
@@ -52,9 +114,9 @@ impl<T: AsRef<[u8]>> SackEth<T> {
         read_u24(self.buffer.as_ref(), 1)
     }
 
-    /// Bytes 4–19: the received-PSN bitmap.
-    pub fn bitmap(&self) -> u128 {
-        u128::from_be_bytes(read(self.buffer.as_ref(), 4))
+    /// Bytes 4–67: the received-PSN bitmap.
+    pub fn bitmap(&self) -> SackBitmap {
+        SackBitmap::from_bytes(&read(self.buffer.as_ref(), 4))
     }
 }
 
@@ -67,8 +129,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> SackEth<T> {
     }
 
     /// Sets the bitmap.
-    pub fn set_bitmap(&mut self, bitmap: u128) {
-        self.buffer.as_mut()[4..20].copy_from_slice(&bitmap.to_be_bytes());
+    pub fn set_bitmap(&mut self, bitmap: SackBitmap) {
+        self.buffer.as_mut()[4..SACK_ETH_LEN].copy_from_slice(&bitmap.to_bytes());
     }
 }
 
@@ -78,7 +140,7 @@ pub struct SackRepr {
     /// The responder's MSN (24 bits).
     pub msn: u32,
     /// Bit *i* set: PSN `bth.psn + 1 + i` was received.
-    pub bitmap: u128,
+    pub bitmap: SackBitmap,
 }
 
 impl SackRepr {
@@ -91,7 +153,7 @@ impl SackRepr {
         })
     }
 
-    /// Writes all 20 bytes. Panics if the view is shorter than [`SACK_ETH_LEN`].
+    /// Writes all [`SACK_ETH_LEN`] bytes. Panics if the view is shorter than [`SACK_ETH_LEN`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, eth: &mut SackEth<T>) {
         eth.set_msn(self.msn);
         eth.set_bitmap(self.bitmap);
@@ -104,7 +166,7 @@ impl SackRepr {
 
     /// Whether PSN `first + 1 + i` is marked received.
     pub fn has(&self, i: u32) -> bool {
-        i < SACK_SPAN && self.bitmap >> i & 1 == 1
+        self.bitmap.has(i)
     }
 }
 
@@ -190,11 +252,15 @@ mod tests {
 
     #[test]
     fn round_trip_and_layout() {
+        let mut bitmap = SackBitmap::default();
+        for i in [0, 64, 127, SACK_SPAN - 1, SACK_SPAN] {
+            bitmap.set(i);
+        }
         let p = SackPacketRepr {
             bth: bth(0xAB_CDEF),
             sack: SackRepr {
                 msn: 0x01_0203,
-                bitmap: 1 | 1 << 127,
+                bitmap,
             },
         };
         let mut buf = [0xFFu8; SACK_PACKET_LEN + 4];
@@ -202,9 +268,14 @@ mod tests {
         assert_eq!(buf[0], SACK_OPCODE);
         assert_eq!(&buf[BTH_LEN..BTH_LEN + 4], &[0, 1, 2, 3]);
         assert_eq!(buf[BTH_LEN + 4], 0x80);
-        assert_eq!(buf[BTH_LEN + 19], 0x01);
+        assert_eq!(buf[BTH_LEN + SACK_ETH_LEN - 1], 0x01);
+        assert_eq!(buf[BTH_LEN + SACK_ETH_LEN - 9], 0x01);
+        assert_eq!(buf[BTH_LEN + SACK_ETH_LEN - 16], 0x80);
         assert_eq!(SackPacketRepr::parse(&buf[..SACK_PACKET_LEN]).unwrap(), p);
         assert!(p.sack.has(0) && p.sack.has(127) && !p.sack.has(1) && !p.sack.has(128));
+        assert!(p.sack.has(SACK_SPAN - 1) && !p.sack.has(SACK_SPAN));
+        assert_eq!(SackBitmap::first(65).0[..2], [u64::MAX, 1]);
+        assert_eq!(SackBitmap::first(SACK_SPAN + 3), SackBitmap([u64::MAX; 8]));
     }
 
     #[test]
@@ -212,7 +283,10 @@ mod tests {
         let mut buf = [0u8; SACK_PACKET_LEN];
         let p = SackPacketRepr {
             bth: bth(1),
-            sack: SackRepr { msn: 0, bitmap: 0 },
+            sack: SackRepr {
+                msn: 0,
+                bitmap: SackBitmap::default(),
+            },
         };
         p.emit(&mut buf).unwrap();
         assert!(matches!(

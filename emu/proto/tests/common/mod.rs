@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use emu_proto::wire::{
     AethRepr, AtomicEthRepr, BthRepr, IpAddrs, IpContext, Opcode, Packet, PacketRepr, Psn,
-    RethRepr, SACK_OPCODE, SackPacketRepr, Syndrome, check_icrc, fill_icrc,
+    RethRepr, SACK_OPCODE, SackBitmap, SackPacketRepr, Syndrome, check_icrc, fill_icrc,
 };
 use emu_proto::{
     AtomicOp, CqId, Hca, HcaConfig, Instant, MAX_PACKET_LEN, Memory, MemoryFault, MrInfo,
@@ -493,7 +493,7 @@ pub(crate) struct Seen {
     pub(crate) orig: Option<u64>,
     pub(crate) imm: Option<u32>,
     /// A selective ACK's bitmap.
-    pub(crate) sack: Option<u128>,
+    pub(crate) sack: Option<SackBitmap>,
 }
 
 impl Seen {

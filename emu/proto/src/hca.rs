@@ -1530,6 +1530,10 @@ impl Hca {
     /// moves its QP to ERR (the responder cannot report the message it accepted; rxe's
     /// `RESPST_ERR_CQ_OVERFLOW`, rc-transport.md §4.3 class G) on top of the CQ's `CQ_ERR`.
     fn flush_engine_wcs(&mut self) {
+        // Most engine steps complete nothing (an ACK sent, a request that is not the last).
+        if self.wcs.is_empty() {
+            return;
+        }
         let mut wcs = std::mem::take(&mut self.wcs);
         let mut overrun: Vec<u32> = Vec::new();
         for (cq, wc, solicited) in wcs.drain(..) {

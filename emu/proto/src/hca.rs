@@ -1352,6 +1352,9 @@ impl Hca {
                 }
                 continue;
             }
+            if idle(qp) {
+                continue;
+            }
             let src_port = self
                 .config
                 .source_port
@@ -1803,6 +1806,22 @@ fn receiving_qp<'a>(
         return None;
     }
     Some(qp)
+}
+
+/// True if the RC or UC QP `qp` has nothing to send or complete now: no response queued, no
+/// send WQE at or after the requester's position, no head WQE with an error or a finished local
+/// operation to complete, and no selective repeat (whose resends are not looked at here). A
+/// transmit turn of such a QP changes nothing — the responder, requester and completer all
+/// return at once — so [`Hca::poll_transmit`] skips it and the bookkeeping after it.
+fn idle(qp: &Qp) -> bool {
+    qp.rc.responses.is_empty()
+        && !qp.rc.resp_fatal
+        && qp.rc.req_index >= qp.sq.len()
+        && !rc::sr::enabled(qp)
+        && qp
+            .sq
+            .front()
+            .is_none_or(|w| w.tx.error.is_none() && !(w.tx.started && w.op.is_local()))
 }
 
 /// True if QP `qpn` exists and its deadline is `at`: its timer entry `(at, qpn)` is live.

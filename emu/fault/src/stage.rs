@@ -153,7 +153,12 @@ impl<D> Stage<D> {
 
     /// Schedules every held datagram whose hold ended by `now` (after the latency); true if
     /// there was one.
+    #[inline]
     pub fn release_due(&mut self, now: Instant) -> bool {
+        // Called on every pump step; nothing is held in a run without hold rules.
+        if self.held.is_empty() {
+            return false;
+        }
         let mut any = false;
         while let Some(datagram) = self.held.pop_due(now) {
             self.schedule(now + self.latency, datagram);

@@ -1352,6 +1352,9 @@ impl Hca {
                 }
                 continue;
             }
+            if idle(qp) {
+                continue;
+            }
             let src_port = self
                 .config
                 .source_port
@@ -1499,18 +1502,26 @@ impl Hca {
     /// timer, and queue it for transmission if `requeue` (or to send a final NAK).
     fn after_step(&mut self, qpn: u32, fatal: bool, requeue: bool) {
         if fatal {
-            tracing::info!(
-                kind = "qp.error",
-                qp = qpn,
-                "the engine moved the QP to ERR"
-            );
-            self.enter_err(qpn);
+            self.engine_failed(qpn);
         }
         self.flush_engine_wcs();
         if requeue || fatal {
             self.mark_ready(qpn);
         }
         self.sync_timer(qpn);
+    }
+
+    /// The engine failed QP `qpn`: it enters ERR ([`Hca::enter_err`]). Out of line: rare, and
+    /// its event would weigh on every step's frame.
+    #[cold]
+    #[inline(never)]
+    fn engine_failed(&mut self, qpn: u32) {
+        tracing::info!(
+            kind = "qp.error",
+            qp = qpn,
+            "the engine moved the QP to ERR"
+        );
+        self.enter_err(qpn);
     }
 
     /// Moves a QP to ERR from the engine: timers stop, queued work flushes, a pending NAK may
@@ -1529,7 +1540,17 @@ impl Hca {
     /// Posts the completions the engine produced. A receive completion that overruns its CQ
     /// moves its QP to ERR (the responder cannot report the message it accepted; rxe's
     /// `RESPST_ERR_CQ_OVERFLOW`, rc-transport.md §4.3 class G) on top of the CQ's `CQ_ERR`.
+    #[inline]
     fn flush_engine_wcs(&mut self) {
+        // Most engine steps complete nothing (an ACK sent, a request that is not the last).
+        if !self.wcs.is_empty() {
+            self.push_engine_wcs();
+        }
+    }
+
+    /// [`Hca::flush_engine_wcs`] when there are completions.
+    #[inline(never)]
+    fn push_engine_wcs(&mut self) {
         let mut wcs = std::mem::take(&mut self.wcs);
         let mut overrun: Vec<u32> = Vec::new();
         for (cq, wc, solicited) in wcs.drain(..) {
@@ -1581,14 +1602,23 @@ impl Hca {
     }
 
     /// Keeps the timer index in step with the QP's earliest deadline.
+    #[inline]
     fn sync_timer(&mut self, qpn: u32) {
         let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
             return;
         };
         let want = qp.rc.deadline();
-        if want == qp.rc.timer_key {
-            return;
+        if want != qp.rc.timer_key {
+            self.move_timer(qpn, want);
         }
+    }
+
+    /// [`Hca::sync_timer`] when QP `qpn`'s deadline changed to `want`.
+    #[inline(never)]
+    fn move_timer(&mut self, qpn: u32, want: Option<Instant>) {
+        let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
+            return;
+        };
         match want {
             Some(new) => {
                 tracing::trace!(kind = "timer.armed", qp = qpn, at = new.as_nanos());
@@ -1799,6 +1829,22 @@ fn receiving_qp<'a>(
         return None;
     }
     Some(qp)
+}
+
+/// True if the RC or UC QP `qp` has nothing to send or complete now: no response queued, no
+/// send WQE at or after the requester's position, no head WQE with an error or a finished local
+/// operation to complete, and no selective repeat (whose resends are not looked at here). A
+/// transmit turn of such a QP changes nothing — the responder, requester and completer all
+/// return at once — so [`Hca::poll_transmit`] skips it and the bookkeeping after it.
+fn idle(qp: &Qp) -> bool {
+    qp.rc.responses.is_empty()
+        && !qp.rc.resp_fatal
+        && qp.rc.req_index >= qp.sq.len()
+        && !rc::sr::enabled(qp)
+        && qp
+            .sq
+            .front()
+            .is_none_or(|w| w.tx.error.is_none() && !(w.tx.started && w.op.is_local()))
 }
 
 /// True if QP `qpn` exists and its deadline is `at`: its timer entry `(at, qpn)` is live.

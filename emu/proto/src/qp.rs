@@ -15,12 +15,72 @@ use verbs_api::{
 use crate::config::Limits;
 use crate::ids::{CqId, PdId, SrqId};
 
+/// SGEs held inline.
+const INLINE_SGES: usize = 2;
+
+/// A posted work request's scatter/gather list, owned: up to [`INLINE_SGES`] elements held
+/// inline — most work requests carry one, and a post then allocates nothing — more on the
+/// heap. Reads as a slice; prints and compares as one.
+#[derive(Clone)]
+pub(crate) enum SgeList {
+    /// `len` elements at the front of the array.
+    Inline { len: u8, sges: [Sge; INLINE_SGES] },
+    /// More than [`INLINE_SGES`] elements.
+    Heap(Vec<Sge>),
+}
+
+impl SgeList {
+    /// A copy of `sges`.
+    pub(crate) fn new(sges: &[Sge]) -> SgeList {
+        if sges.len() > INLINE_SGES {
+            return SgeList::Heap(sges.to_vec());
+        }
+        let mut inline = [Sge::default(); INLINE_SGES];
+        inline[..sges.len()].copy_from_slice(sges);
+        SgeList::Inline {
+            len: sges.len() as u8,
+            sges: inline,
+        }
+    }
+}
+
+impl Default for SgeList {
+    fn default() -> SgeList {
+        SgeList::new(&[])
+    }
+}
+
+impl core::ops::Deref for SgeList {
+    type Target = [Sge];
+
+    fn deref(&self) -> &[Sge] {
+        match self {
+            SgeList::Inline { len, sges } => &sges[..usize::from(*len)],
+            SgeList::Heap(v) => v,
+        }
+    }
+}
+
+impl core::fmt::Debug for SgeList {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for SgeList {
+    fn eq(&self, other: &SgeList) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for SgeList {}
+
 /// A send work queue entry: the posted request, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SendWqe {
     pub(crate) wr_id: u64,
     pub(crate) op: SendOp,
-    pub(crate) sges: Vec<Sge>,
+    pub(crate) sges: SgeList,
     /// Inline payload copied at post time (empty unless INLINE).
     pub(crate) inline: Vec<u8>,
     pub(crate) flags: SendFlags,
@@ -64,14 +124,14 @@ impl WqeTx {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
-    pub(crate) sges: Vec<Sge>,
+    pub(crate) sges: SgeList,
 }
 
 impl RecvWqe {
     pub(crate) fn from_wr(wr: &RecvWr<'_>) -> RecvWqe {
         RecvWqe {
             wr_id: wr.wr_id,
-            sges: wr.sg_list.to_vec(),
+            sges: SgeList::new(wr.sg_list),
         }
     }
 }
@@ -447,7 +507,7 @@ pub(crate) fn check_send_wr(qp: &Qp, wr: &SendWr<'_>, limits: &Limits) -> Result
     Ok(SendWqe {
         wr_id: wr.wr_id,
         op: wr.op,
-        sges: wr.sg_list.to_vec(),
+        sges: SgeList::new(wr.sg_list),
         inline: if inline {
             wr.inline_data.to_vec()
         } else {

@@ -186,15 +186,14 @@ pub(crate) struct RcState {
 impl RcState {
     /// The earliest timer deadline.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        [
-            self.retransmit_at,
-            self.rnr_at,
-            self.nak_deferred.map(|(_, t)| t),
-            self.sr.probe_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        // Runs after every engine step: a chain of `Option` minima, no iterator.
+        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        let t = earliest(self.retransmit_at, self.rnr_at);
+        let t = earliest(t, self.nak_deferred.map(|(_, t)| t));
+        earliest(t, self.sr.probe_at)
     }
 }
 

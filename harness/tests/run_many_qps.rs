@@ -104,11 +104,11 @@ fn qps_per_peer_the_run_cannot_hold_are_refused() {
     for (args, says) in [
         (&["--workload", "ud-send", "--qps-per-peer", "2"][..], "UD"),
         (
-            &["--nodes", "3", "--qps-per-peer", "300"],
-            "holds at most 504",
+            &["--nodes", "3", "--qps-per-peer", "1100"],
+            "holds at most 2048",
         ),
         (&["--qps-per-peer", "0"], "qps-per-peer"),
-        (&["--qps-per-peer", "505"], "qps-per-peer"),
+        (&["--qps-per-peer", "2049"], "qps-per-peer"),
     ] {
         let out = run("qps-bad", args, None, LIMIT);
         assert_eq!(out.code, 2, "{args:?}: {}", out.dump());

@@ -4,6 +4,7 @@
 //! MR file, and checks that every byte outside them is still zero. It does not check what is
 //! inside the ranges (`write-data`, `send-data`, `read-data` and `atomic-exactly-once` do).
 
+use super::mr::MrFile;
 use super::{Input, Invariant, Link, MAX_MESSAGES, sends};
 use crate::run::layout;
 use crate::run::log::{Entry, LogRead, OpKind};
@@ -33,8 +34,8 @@ pub(super) fn untouched_memory(input: &Input<'_>) -> Invariant {
 
 /// Fails `inv` once per stretch of non-zero bytes of node `i`'s `mr` outside `ranges`
 /// (sorted, disjoint).
-fn report_outside(inv: &mut Invariant, input: &Input<'_>, i: u32, mr: &[u8], ranges: &Ranges) {
-    let len = mr.len() as u64;
+fn report_outside(inv: &mut Invariant, input: &Input<'_>, i: u32, mr: &MrFile, ranges: &Ranges) {
+    let len = mr.len();
     let mut gaps = Vec::new();
     let mut at = 0u64;
     for &(s, e) in ranges {
@@ -45,12 +46,9 @@ fn report_outside(inv: &mut Invariant, input: &Input<'_>, i: u32, mr: &[u8], ran
     }
     gaps.push((at, len));
     for (s, e) in gaps.into_iter().filter(|(s, e)| s < e) {
-        let bytes = &mr[s as usize..e as usize];
-        let Some(first) = bytes.iter().position(|b| *b != 0) else {
+        let Some((off, count)) = mr.nonzero(s, e) else {
             continue;
         };
-        let count = bytes.iter().filter(|b| **b != 0).count();
-        let off = s + first as u64;
         inv.fail(format!(
             "node {i}: {count} non-zero bytes where no operation wrote, first at +{off:#x} ({})",
             describe(input, i, off)

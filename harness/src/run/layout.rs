@@ -86,6 +86,20 @@ pub fn window(workload: Workload) -> usize {
     }
 }
 
+/// Workload operations a node keeps in flight over all its QPs together at most. With many
+/// QPs (`--qps-per-peer`) the per-QP windows alone would put thousands of packets in flight,
+/// and a go-back-N timeout on many QPs at once re-sends whole windows in one burst: more than a
+/// receiver's UDP socket buffer holds on a loaded machine, so the kernel drops datagrams the
+/// fault plan never chose (seen as `RcvbufErrors` in `/proc/net/snmp`) and QPs run out of
+/// retries. Never reached with one QP per peer (at most 64 peers × a window of 16 … 4).
+pub const NODE_WINDOW: usize = 256;
+
+/// The per-QP window of a node issuing on `links` QPs: [`window`], cut to an equal share of
+/// [`NODE_WINDOW`] (at least 1) so that every QP keeps something in flight.
+pub fn qp_window(workload: Workload, links: usize) -> usize {
+    window(workload).min((NODE_WINDOW / links.max(1)).max(1))
+}
+
 /// Largest node count `softverbs run` accepts (addresses 127.0.0.10 to 127.0.0.73).
 pub const MAX_NODES: u32 = 64;
 
@@ -430,6 +444,18 @@ mod tests {
         assert_eq!(MAX_LINKS, 2048);
         const { assert!(FIN_OFF + 8 * MAX_LINKS <= PATTERN_OFF) };
         assert_eq!(PATTERN_OFF % 4096, 0);
+    }
+
+    #[test]
+    fn many_qps_share_the_node_window() {
+        assert_eq!(qp_window(Workload::Mixed, 2), 16);
+        assert_eq!(qp_window(Workload::AtomicCounter, 64), 4);
+        assert_eq!(qp_window(Workload::Mixed, 128), 2);
+        assert_eq!(qp_window(Workload::Mixed, 1000), 1);
+        assert_eq!(qp_window(Workload::Mixed, 0), 16);
+        // One QP per peer never meets the node window.
+        assert!(window(Workload::Mixed) * 2 <= NODE_WINDOW);
+        assert!(window(Workload::AtomicCounter) * MAX_NODES as usize <= NODE_WINDOW);
     }
 
     #[test]

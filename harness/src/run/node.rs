@@ -817,20 +817,27 @@ impl Node {
         }
     }
 
+    /// The per-QP window: the workload's, shared out over the QPs this node issues on
+    /// (`layout::qp_window`).
     fn window(&self) -> usize {
-        layout::window(self.cfg.workload)
+        let issuing = self.links.iter().filter(|l| self.issues_on(l)).count();
+        layout::qp_window(self.cfg.workload, issuing)
     }
 
-    /// Posts workload operations round-robin over the links, as windows and the budget allow.
-    /// True if anything was posted.
+    /// Posts workload operations round-robin over the links, as the per-QP windows, the node
+    /// window (`layout::NODE_WINDOW`) and the budget allow. True if anything was posted.
     fn post_workload(&mut self, run_end: Option<Instant>) -> bool {
         let n = self.links.len();
         let mut posted = false;
+        let window = self.window();
+        let mut in_flight: usize = self.links.iter().map(Link::counted_outstanding).sum();
         for _ in 0..n {
+            if in_flight >= layout::NODE_WINDOW {
+                break;
+            }
             let li = self.next_link % n.max(1);
             self.next_link = self.next_link.wrapping_add(1);
-            let window = self.window();
-            loop {
+            while in_flight < layout::NODE_WINDOW {
                 let link = &self.links[li];
                 let budget_left = match (self.cfg.ops, run_end) {
                     (Some(ops), _) => self.issued < ops,
@@ -854,6 +861,7 @@ impl Node {
                 }
                 if self.post_one(li) {
                     self.issued += 1;
+                    in_flight += 1;
                     posted = true;
                 } else {
                     break;

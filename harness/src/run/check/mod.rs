@@ -47,8 +47,8 @@ use verbs_api::WcStatus;
 
 use crate::run::layout::{self, RecordKind, Workload};
 use crate::run::log::{Entry, LogRead, OpKind, read_log};
-use mr::MrFile;
 use crate::run::proto::{InjectedFaults, QpParams};
+use mr::MrFile;
 
 /// At most this many violation messages are kept per invariant (all are counted).
 pub const MAX_MESSAGES: usize = 25;

@@ -108,8 +108,7 @@ mod tests {
         bytes[5] = 1;
         bytes[SCAN_CHUNK + 7] = 2;
         bytes[3 * SCAN_CHUNK + 99] = 3;
-        let path =
-            std::env::temp_dir().join(format!("softverbs-mrfile-{}.mr", std::process::id()));
+        let path = std::env::temp_dir().join(format!("softverbs-mrfile-{}.mr", std::process::id()));
         std::fs::write(&path, &bytes).unwrap();
         let file = MrFile::open(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
@@ -120,7 +119,10 @@ mod tests {
             assert_eq!(mr.get(mr.len() - 1, 1).unwrap().as_ref(), &[3]);
             assert!(mr.get(mr.len() - 1, 2).is_none());
             assert!(mr.get(u64::MAX, 2).is_none());
-            assert_eq!(mr.word(0), Some(u64::from_ne_bytes([0, 0, 0, 0, 0, 1, 0, 0])));
+            assert_eq!(
+                mr.word(0),
+                Some(u64::from_ne_bytes([0, 0, 0, 0, 0, 1, 0, 0]))
+            );
             assert_eq!(mr.nonzero(0, mr.len()), Some((5, 3)));
             assert_eq!(mr.nonzero(6, u64::MAX), Some((SCAN_CHUNK as u64 + 7, 2)));
             assert_eq!(mr.nonzero(SCAN_CHUNK as u64 + 8, mr.len() - 1), None);

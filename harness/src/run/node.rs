@@ -783,7 +783,10 @@ impl Node {
                         .iter()
                         .all(|l| l.fin != Fin::Posted || l.failed.is_some());
                     if done || now >= since + budget + slack {
-                        self.log.flush(true).map_err(err("writing the log"))?;
+                        // Written, not synced: peers may still need this node's pongs, and
+                        // an fdatasync behind a busy disk can hold the loop for seconds (the
+                        // sync thread syncs within SYNC_EVERY; `finish` syncs at the end).
+                        self.log.flush(false).map_err(err("writing the log"))?;
                         send(&FromNode::Finished {
                             ops: self.summary.ops_ok,
                         })?;

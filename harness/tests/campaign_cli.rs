@@ -427,9 +427,9 @@ fn qps_per_peer_is_part_of_the_campaign_and_of_its_replays() {
     assert_ne!(one["campaign_id"], two["campaign_id"]);
     let plan = std::fs::read_to_string(dir.join("plans/run-001.toml")).unwrap();
     assert!(plan.contains("--qps-per-peer 2 --workload"), "{plan}");
-    // 2 peers x 300 QPs is more than a node holds.
-    let (code, _, stderr, report, _) = campaign("qps-bad", &["--qps-per-peer", "300"]);
+    // 2 peers x 1,100 QPs is more than a node holds.
+    let (code, _, stderr, report, _) = campaign("qps-bad", &["--qps-per-peer", "1100"]);
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("at most 504"), "{stderr}");
+    assert!(stderr.contains("at most 2048"), "{stderr}");
     assert!(report.is_none());
 }

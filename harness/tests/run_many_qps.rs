@@ -104,15 +104,49 @@ fn qps_per_peer_the_run_cannot_hold_are_refused() {
     for (args, says) in [
         (&["--workload", "ud-send", "--qps-per-peer", "2"][..], "UD"),
         (
-            &["--nodes", "3", "--qps-per-peer", "300"],
-            "holds at most 504",
+            &["--nodes", "3", "--qps-per-peer", "1100"],
+            "holds at most 2048",
         ),
         (&["--qps-per-peer", "0"], "qps-per-peer"),
-        (&["--qps-per-peer", "505"], "qps-per-peer"),
+        (&["--qps-per-peer", "2049"], "qps-per-peer"),
     ] {
         let out = run("qps-bad", args, None, LIMIT);
         assert_eq!(out.code, 2, "{args:?}: {}", out.dump());
         assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
         assert!(!out.run_dir.exists(), "{args:?}: nothing may be started");
     }
+}
+
+/// More QPs than the old fin area held (504 per node), in several groups of QPs that share
+/// CQs: every QP carries operations and is verified, and a failure planted on one of them is
+/// still caught.
+#[test]
+fn six_hundred_qps_per_peer_pass_and_a_planted_failure_is_caught() {
+    let args = [
+        "--nodes",
+        "2",
+        "--workload",
+        "mixed",
+        "--qps-per-peer",
+        "600",
+        "--ops",
+        "1200",
+        "--qp-timeout",
+        "18",
+        "--seed",
+        "5",
+    ];
+    let out = run("qps600", &args, Some(LOSS), LIMIT);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    for i in 0..2 {
+        assert_eq!(qps_used(&out, i), (0..600).collect(), "node {i}");
+    }
+    // 600 fin words per node, each QP's own.
+    assert!(num(&out.invariant("write-data")["checked"]) >= 1200);
+    assert!(num(&out.invariant("completion-order")["checked"]) >= 2400);
+    let mut planted: Vec<&str> = args.to_vec();
+    planted.extend(["--self-test", "misplaced-write"]);
+    let out = run("qps600-planted", &planted, Some(LOSS), LIMIT);
+    assert_eq!(out.code, 1, "{}", out.dump());
+    assert!(num(&out.invariant("write-data")["violation_count"]) >= 1);
 }

@@ -165,7 +165,7 @@ pub struct CampaignArgs {
     #[arg(long, default_value = "cycle", value_parser = workload_choice)]
     pub workload: WorkloadChoice,
     /// RC QPs between each pair of peers in every run (`softverbs run --qps-per-peer`).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=504))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=layout::MAX_LINKS as i64))]
     pub qps_per_peer: u32,
     /// How every run's node pairs connect their RC QPs (`softverbs run --cm`).
     #[arg(long, value_enum, default_value_t = CmMode::None)]

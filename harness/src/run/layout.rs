@@ -9,7 +9,8 @@
 //! ```text
 //! 0            counter word (u64, native endian): target of FETCH_ADD
 //! 64 + 8*p     fin word of the peer at position p of this node's peer list
-//! 4096         READ pattern, PATTERN_LEN bytes (pattern(seed, i, offset))
+//! PATTERN_OFF  READ pattern, PATTERN_LEN bytes (pattern(seed, i, offset)); the first page
+//!              after the MAX_LINKS fin words
 //! LINK_BASE + p*LINK_LEN, for the peer at position p of this node's peer list:
 //!   + WRITE_OFF  inbound WRITE records from that peer, appended (WRITE_AREA bytes)
 //!   + RECV_OFF   inbound SENDs from that peer, receive slot k at k*RECV_SLOT (RECV_SLOTS)
@@ -85,6 +86,20 @@ pub fn window(workload: Workload) -> usize {
     }
 }
 
+/// Workload operations a node keeps in flight over all its QPs together at most. With many
+/// QPs (`--qps-per-peer`) the per-QP windows alone would put thousands of packets in flight,
+/// and a go-back-N timeout on many QPs at once re-sends whole windows in one burst: more than a
+/// receiver's UDP socket buffer holds on a loaded machine, so the kernel drops datagrams the
+/// fault plan never chose (seen as `RcvbufErrors` in `/proc/net/snmp`) and QPs run out of
+/// retries. Never reached with one QP per peer (at most 64 peers × a window of 16 … 4).
+pub const NODE_WINDOW: usize = 256;
+
+/// The per-QP window of a node issuing on `links` QPs: [`window`], cut to an equal share of
+/// [`NODE_WINDOW`] (at least 1) so that every QP keeps something in flight.
+pub fn qp_window(workload: Workload, links: usize) -> usize {
+    window(workload).min((NODE_WINDOW / links.max(1)).max(1))
+}
+
 /// Largest node count `softverbs run` accepts (addresses 127.0.0.10 to 127.0.0.73).
 pub const MAX_NODES: u32 = 64;
 
@@ -131,9 +146,10 @@ pub fn link_position(
     (q < qps).then_some(position(n, workload, i, j)? * qps as usize + q as usize)
 }
 
-/// Most links one node's region holds: a fin word each between [`FIN_OFF`] and
-/// [`PATTERN_OFF`].
-pub const MAX_LINKS: u64 = (PATTERN_OFF - FIN_OFF) / 8;
+/// Most links (QPs) one node's region holds: a fin word each from [`FIN_OFF`] on, before
+/// [`PATTERN_OFF`]. This sets `--qps-per-peer`'s limit (peers × QPs per peer); the device
+/// allows far more QPs and CQs (emu-proto's `max_qp`, `max_cq`).
+pub const MAX_LINKS: u64 = 2048;
 
 /// The loopback address of node `i`'s device: 127.0.0.(10 + i), port chosen by the OS.
 pub fn node_ip(i: u32) -> std::net::Ipv4Addr {
@@ -145,8 +161,8 @@ pub fn node_ip(i: u32) -> std::net::Ipv4Addr {
 pub const COUNTER_OFF: u64 = 0;
 /// Offset of the first fin word.
 pub const FIN_OFF: u64 = 64;
-/// Offset of the READ pattern.
-pub const PATTERN_OFF: u64 = 4096;
+/// Offset of the READ pattern: the first page after the fin words of [`MAX_LINKS`] links.
+pub const PATTERN_OFF: u64 = (FIN_OFF + 8 * MAX_LINKS).next_multiple_of(4096);
 /// Length of the READ pattern.
 pub const PATTERN_LEN: u64 = 64 * 1024;
 /// Offset of the first per-link block.
@@ -425,8 +441,21 @@ mod tests {
             link_position(3, Workload::Mixed, 1, 1, 2, 0),
             position(3, Workload::Mixed, 1, 2)
         );
-        assert_eq!(MAX_LINKS, 504);
+        assert_eq!(MAX_LINKS, 2048);
         const { assert!(FIN_OFF + 8 * MAX_LINKS <= PATTERN_OFF) };
+        assert_eq!(PATTERN_OFF % 4096, 0);
+    }
+
+    #[test]
+    fn many_qps_share_the_node_window() {
+        assert_eq!(qp_window(Workload::Mixed, 2), 16);
+        assert_eq!(qp_window(Workload::AtomicCounter, 64), 4);
+        assert_eq!(qp_window(Workload::Mixed, 128), 2);
+        assert_eq!(qp_window(Workload::Mixed, 1000), 1);
+        assert_eq!(qp_window(Workload::Mixed, 0), 16);
+        // One QP per peer never meets the node window.
+        assert!(window(Workload::Mixed) * 2 <= NODE_WINDOW);
+        assert!(window(Workload::AtomicCounter) * MAX_NODES as usize <= NODE_WINDOW);
     }
 
     #[test]

@@ -77,10 +77,10 @@ pub struct RunArgs {
     /// Workload with built-in verification.
     #[arg(long, value_enum, default_value_t = Workload::Mixed)]
     pub workload: Workload,
-    /// RC QPs between each pair of peers (1–504): each node spreads its operations to a peer
+    /// RC QPs between each pair of peers (1–2048): each node spreads its operations to a peer
     /// round-robin over them, and each QP is verified on its own (exactly once, in order,
-    /// intact). A node holds at most 504 QPs (peers × this); not with `ud-send`.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=504))]
+    /// intact). A node holds at most 2048 QPs (peers × this); not with `ud-send`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=layout::MAX_LINKS as i64))]
     pub qps_per_peer: u32,
     /// How node pairs connect their RC QPs: `none` exchanges QP numbers and PSNs through the
     /// harness; `rdma` runs the IB CM (REQ/REP/RTU) over the devices' GSIs, the lower node

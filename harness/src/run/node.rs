@@ -49,6 +49,11 @@ const SQ_LIMIT: usize = 60;
 const RQ_DEPTH: u64 = 64;
 /// Completions polled per CQ per call.
 const POLL_BATCH: usize = 32;
+/// QPs (consecutive links) that share one send CQ and one receive CQ when a node has more
+/// than one QP per peer. Every empty poll drives the device in the polling thread, so a main
+/// loop that polled two CQs per QP would spend its time in device passes with a thousand QPs.
+/// With one QP per peer every QP keeps CQs of its own.
+const CQ_GROUP: usize = 64;
 /// How often a node reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_millis(20);
 /// The Q_Key of every UD QP of a run.
@@ -217,21 +222,22 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         ..cap
     };
     let mut raw = Vec::new();
+    let group = if qps > 1 { CQ_GROUP } else { 1 };
+    let mut shared: Option<(UdpCq, UdpCq)> = None;
     // Peer-major: the QPs of a peer are consecutive links (`layout::link_position`).
-    for (peer, q) in peers.iter().flat_map(|&p| (0..qps).map(move |q| (p, q))) {
-        let scq = ctx
-            .create_cq(256, Some(&channel))
-            .map_err(err("create_cq"))?;
-        // A UD link's receives all complete without the sender waiting for anything: its
-        // receive CQ holds as many completions as receives are posted.
-        let rcq_len = if cfg.workload.is_ud() {
-            layout::UD_RQ_DEPTH as u32
-        } else {
-            256
+    for (k, (peer, q)) in peers
+        .iter()
+        .flat_map(|&p| (0..qps).map(move |q| (p, q)))
+        .enumerate()
+    {
+        let (scq, rcq) = match &shared {
+            Some(cqs) if k % group != 0 => cqs.clone(),
+            _ => {
+                let cqs = link_cqs(&ctx, &channel, cfg.workload, group, cap)?;
+                shared = Some(cqs.clone());
+                cqs
+            }
         };
-        let rcq = ctx
-            .create_cq(rcq_len, Some(&channel))
-            .map_err(err("create_cq"))?;
         let init = if cfg.workload.is_ud() {
             QpInitAttr::ud(ud_cap)
         } else {
@@ -358,6 +364,15 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
             .collect();
         crate::run::cm::connect(&ctx, &pd, cfg.index, cfg.seed, &cm_links, &opts, deadline)?;
     }
+    let groups = (0..links.len())
+        .step_by(group)
+        .map(|start| start..(start + group).min(links.len()))
+        .collect();
+    let by_qpn = links
+        .iter()
+        .enumerate()
+        .map(|(li, l)| (l.qp.qp_num(), li))
+        .collect();
     let mut node = Node {
         rng: Rng::new(cfg.seed ^ layout::mix(u64::from(cfg.index) + 1)),
         cfg,
@@ -365,6 +380,8 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
         mr,
         channel,
         links,
+        groups,
+        by_qpn,
         log,
         deadline,
         summary: NodeSummary::default(),
@@ -401,6 +418,34 @@ fn run(rx: &Receiver<Input>) -> Result<(), String> {
             .finish_capture()
             .map_err(err("writing the packet capture")),
     )
+}
+
+/// The send and receive CQ of `group` links (one link: CQs of its own, sized as ever; more:
+/// room for every WR the QPs' caps allow).
+fn link_cqs(
+    ctx: &UdpContext,
+    channel: &emu_udp::UdpChannel,
+    workload: Workload,
+    group: usize,
+    cap: QpCap,
+) -> Result<(UdpCq, UdpCq), String> {
+    let (slen, rlen) = if group > 1 {
+        let g = u32::try_from(group).map_err(err("CQ group"))?;
+        (g * cap.max_send_wr, g * cap.max_recv_wr)
+    } else if workload.is_ud() {
+        // A UD link's receives all complete without the sender waiting for anything: its
+        // receive CQ holds as many completions as receives are posted.
+        (256, layout::UD_RQ_DEPTH as u32)
+    } else {
+        (256, 256)
+    };
+    let scq = ctx
+        .create_cq(slen, Some(channel))
+        .map_err(err("create_cq"))?;
+    let rcq = ctx
+        .create_cq(rlen, Some(channel))
+        .map_err(err("create_cq"))?;
+    Ok((scq, rcq))
 }
 
 fn connect_peer(
@@ -645,6 +690,11 @@ struct Node {
     mr: UdpMr,
     channel: emu_udp::UdpChannel,
     links: Vec<Link>,
+    /// The links that share a send CQ and a receive CQ (those of the group's first link):
+    /// one link each with one QP per peer, [`CQ_GROUP`] consecutive links otherwise.
+    groups: Vec<std::ops::Range<usize>>,
+    /// The link of each QP number, for completions on a shared CQ.
+    by_qpn: std::collections::HashMap<u32, usize>,
     log: LogWriter,
     deadline: Instant,
     summary: NodeSummary,
@@ -733,7 +783,10 @@ impl Node {
                         .iter()
                         .all(|l| l.fin != Fin::Posted || l.failed.is_some());
                     if done || now >= since + budget + slack {
-                        self.log.flush(true).map_err(err("writing the log"))?;
+                        // Written, not synced: peers may still need this node's pongs, and
+                        // an fdatasync behind a busy disk can hold the loop for seconds (the
+                        // sync thread syncs within SYNC_EVERY; `finish` syncs at the end).
+                        self.log.flush(false).map_err(err("writing the log"))?;
                         send(&FromNode::Finished {
                             ops: self.summary.ops_ok,
                         })?;
@@ -817,20 +870,27 @@ impl Node {
         }
     }
 
+    /// The per-QP window: the workload's, shared out over the QPs this node issues on
+    /// (`layout::qp_window`).
     fn window(&self) -> usize {
-        layout::window(self.cfg.workload)
+        let issuing = self.links.iter().filter(|l| self.issues_on(l)).count();
+        layout::qp_window(self.cfg.workload, issuing)
     }
 
-    /// Posts workload operations round-robin over the links, as windows and the budget allow.
-    /// True if anything was posted.
+    /// Posts workload operations round-robin over the links, as the per-QP windows, the node
+    /// window (`layout::NODE_WINDOW`) and the budget allow. True if anything was posted.
     fn post_workload(&mut self, run_end: Option<Instant>) -> bool {
         let n = self.links.len();
         let mut posted = false;
+        let window = self.window();
+        let mut in_flight: usize = self.links.iter().map(Link::counted_outstanding).sum();
         for _ in 0..n {
+            if in_flight >= layout::NODE_WINDOW {
+                break;
+            }
             let li = self.next_link % n.max(1);
             self.next_link = self.next_link.wrapping_add(1);
-            let window = self.window();
-            loop {
+            while in_flight < layout::NODE_WINDOW {
                 let link = &self.links[li];
                 let budget_left = match (self.cfg.ops, run_end) {
                     (Some(ops), _) => self.issued < ops,
@@ -854,6 +914,7 @@ impl Node {
                 }
                 if self.post_one(li) {
                     self.issued += 1;
+                    in_flight += 1;
                     posted = true;
                 } else {
                     break;
@@ -1247,23 +1308,47 @@ impl Node {
     /// Polls every CQ once; returns the number of completions.
     fn poll_all(&mut self) -> Result<usize, String> {
         let mut total = 0;
+        for g in 0..self.groups.len() {
+            total += self.poll_group(g)?;
+        }
+        Ok(total)
+    }
+
+    /// Polls the send and then the receive CQ of link group `g`, handles what they held,
+    /// tops up the receives of the links that received and notes their progress.
+    fn poll_group(&mut self, g: usize) -> Result<usize, String> {
+        let range = self.groups[g].clone();
         let mut wcs = [WorkCompletion::default(); POLL_BATCH];
-        for li in 0..self.links.len() {
-            let sent = self.links[li].scq.poll(&mut wcs).map_err(err("poll_cq"))?;
-            for wc in &wcs[..sent] {
+        let mut touched = Vec::new();
+        let sent = self.links[range.start]
+            .scq
+            .poll(&mut wcs)
+            .map_err(err("poll_cq"))?;
+        for wc in &wcs[..sent] {
+            if let Some(li) = self.link_of(&range, wc) {
                 self.on_send(li, wc);
+                touched.push((li, false));
             }
-            let received = self.links[li].rcq.poll(&mut wcs).map_err(err("poll_cq"))?;
-            for wc in &wcs[..received] {
+        }
+        let received = self.links[range.start]
+            .rcq
+            .poll(&mut wcs)
+            .map_err(err("poll_cq"))?;
+        for wc in &wcs[..received] {
+            if let Some(li) = self.link_of(&range, wc) {
                 self.on_recv(li, wc);
+                touched.push((li, true));
             }
-            if received > 0 {
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for &(li, recv) in &touched {
+            if recv {
                 self.top_up_recvs(li);
             }
-            if sent + received > 0 {
-                self.links[li].last_progress = Instant::now();
-            }
-            total += sent + received;
+            self.links[li].last_progress = Instant::now();
+        }
+        for li in range {
             if let Some((_, cq)) = &self.links[li].resp {
                 let n = cq.poll(&mut wcs).map_err(err("poll_cq"))?;
                 if n > 0 {
@@ -1273,7 +1358,27 @@ impl Node {
                 }
             }
         }
-        Ok(total)
+        Ok(sent + received)
+    }
+
+    /// The link of a completion polled from the CQs of the links `range`; `None` (and a
+    /// problem reported) for a QP number none of them has.
+    fn link_of(&mut self, range: &std::ops::Range<usize>, wc: &WorkCompletion) -> Option<usize> {
+        if range.len() == 1 {
+            return Some(range.start);
+        }
+        let li = self
+            .by_qpn
+            .get(&wc.qp_num)
+            .copied()
+            .filter(|li| range.contains(li));
+        if li.is_none() {
+            self.summary.problems.push(format!(
+                "a completion for QP {:#x}, not one of this CQ's",
+                wc.qp_num
+            ));
+        }
+        li
     }
 
     fn count(&mut self, status: WcStatus) {
@@ -1481,7 +1586,8 @@ impl Node {
 
     /// Arms every CQ and waits on the channel for at most `timeout` if nothing is pending.
     fn wait_for_completion(&mut self, timeout: Duration) -> Result<(), String> {
-        for link in &self.links {
+        for range in &self.groups {
+            let link = &self.links[range.start];
             for cq in [&link.scq, &link.rcq] {
                 cq.req_notify(false).map_err(err("req_notify_cq"))?;
             }
@@ -1495,7 +1601,8 @@ impl Node {
             .wait_cq_event(Some(timeout))
             .map_err(err("wait_cq_event"))?;
         while let Some(handle) = event {
-            for link in &self.links {
+            for range in &self.groups {
+                let link = &self.links[range.start];
                 for cq in [&link.scq, &link.rcq] {
                     if cq.handle() == handle {
                         cq.ack_events(1);

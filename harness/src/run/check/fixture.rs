@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::mr::MrFile;
 use super::{Evidence, Input, NodeData, NodeFacts, SUCCESS};
 use crate::run::layout::{self, RecordKind, Workload};
 use crate::run::log::{Entry, LogRead, OpKind, Posted};
@@ -118,7 +119,7 @@ impl Fixture {
                         entries: vec![start],
                         ..LogRead::default()
                     }),
-                    mr: Some(mr),
+                    mr: Some(MrFile::Memory(mr)),
                 }
             })
             .collect();
@@ -160,7 +161,10 @@ impl Fixture {
 
     /// Node `i`'s MR contents.
     pub(super) fn mr(&mut self, i: u32) -> &mut Vec<u8> {
-        self.data[i as usize].mr.as_mut().unwrap()
+        match self.data[i as usize].mr.as_mut().unwrap() {
+            MrFile::Memory(bytes) => bytes,
+            MrFile::File { .. } => panic!("the fixture holds its MR files in memory"),
+        }
     }
 
     /// Appends `e` to node `i`'s log.
@@ -346,7 +350,9 @@ impl Fixture {
                 text.push(b'\n');
             }
             std::fs::write(dir.join(layout::log_file(i as u32, 0)), text).unwrap();
-            let mr = d.mr.as_ref().unwrap();
+            let MrFile::Memory(mr) = d.mr.as_ref().unwrap() else {
+                panic!("the fixture holds its MR files in memory");
+            };
             std::fs::write(dir.join(layout::mr_file(i as u32, 0)), mr).unwrap();
         }
     }

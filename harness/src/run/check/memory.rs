@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{GoodRecv, Input, Invariant, SUCCESS, SendWc, compare, good_receives, sends, word_at};
+use super::{GoodRecv, Input, Invariant, SUCCESS, SendWc, compare, good_receives, sends};
 use crate::run::layout::{self, RecordKind};
 use crate::run::log::{Entry, LogRead, OpKind};
 
@@ -166,9 +166,9 @@ fn check_received(inv: &mut Invariant, input: &Input<'_>, i: u32, (peer, wr, len
     };
     let slot = wr.saturating_sub(1);
     let off = layout::link_base(pos) + layout::RECV_OFF + slot * layout::RECV_SLOT;
-    let bytes = input.mr(i).and_then(|m| super::slice(m, off, len as usize));
+    let bytes = input.mr(i).and_then(|m| m.get(off, len as usize));
     let what = format!("node {i} receive slot {slot} from {peer}");
-    match bytes.map(layout::check_record) {
+    match bytes.as_deref().map(layout::check_record) {
         None => inv.fail(format!("{what}: unreadable")),
         Some(Err(e)) => inv.fail(format!("{what}: {e}")),
         Some(Ok((_, seq, rimm))) => {
@@ -284,7 +284,7 @@ pub(super) fn atomic_exactly_once(
         }
     }
     for t in tally.targets() {
-        let Some(counter) = input.mr(t).and_then(|m| word_at(m, layout::COUNTER_OFF)) else {
+        let Some(counter) = input.mr(t).and_then(|m| m.word(layout::COUNTER_OFF)) else {
             inv.fail(format!("node {t}: counter unreadable"));
             continue;
         };
@@ -304,7 +304,7 @@ fn check_landing_slot(inv: &mut Invariant, input: &Input<'_>, op: &LinkOp) -> Op
         return None;
     };
     let off = layout::link_base(op.mpos) + layout::FAA_OFF + 8 * s.seq;
-    match input.mr(op.i).and_then(|m| word_at(m, off)) {
+    match input.mr(op.i).and_then(|m| m.word(off)) {
         Some(landed) if landed != val => inv.fail(format!(
             "{link} FETCH_ADD wr {}: logged value {val}, landing slot holds {landed}",
             s.wr
@@ -435,7 +435,7 @@ mod tests {
         assert_eq!(
             write_data(&fx.input()).violations,
             [
-                "node 0 → node 1 WRITE record 0 (64 bytes at +0x11000): outside the \
+                "node 0 → node 1 WRITE record 0 (64 bytes at +0x15000): outside the \
                  target's file",
                 "node 0: completion for node 2, which is not its peer",
                 "node 0: completion for unknown peer 9",

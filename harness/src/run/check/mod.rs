@@ -21,7 +21,8 @@
 //! | `node-self-checks` | nothing the nodes noticed on their own (bad records on receipt, wrong READ data, pongs out of turn) |
 //!
 //! Each invariant is one function (in the submodules `logs`, `memory`, `delivery`, `ud`, `untouched` and `process`) that
-//! takes the evidence with the files already read (`Input`) and returns its [`Invariant`];
+//! takes the evidence with the logs read and the MR files open (`Input`, the files read in
+//! bounded pieces by [`mr`]) and returns its [`Invariant`];
 //! [`check`] reads the files and calls them in the order above. The checker does not gather
 //! evidence (the orchestrator does, and passes it in as [`Evidence`]) and never trusts what a
 //! node says it sent: every expected byte is regenerated from [`layout`] and the run seed.
@@ -29,6 +30,7 @@
 mod delivery;
 mod logs;
 mod memory;
+mod mr;
 mod process;
 mod ud;
 mod untouched;
@@ -46,6 +48,7 @@ use verbs_api::WcStatus;
 use crate::run::layout::{self, RecordKind, Workload};
 use crate::run::log::{Entry, LogRead, OpKind, read_log};
 use crate::run::proto::{InjectedFaults, QpParams};
+use mr::MrFile;
 
 /// At most this many violation messages are kept per invariant (all are counted).
 pub const MAX_MESSAGES: usize = 25;
@@ -234,17 +237,17 @@ fn check_read(input: &Input<'_>) -> CheckResult {
 }
 
 /// A node's log and MR file (gen 0), `None` where the file could not be read.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 struct NodeData {
     log: Option<LogRead>,
-    mr: Option<Vec<u8>>,
+    mr: Option<MrFile>,
 }
 
 impl NodeData {
     fn read(run_dir: &Path, i: u32) -> NodeData {
         NodeData {
             log: read_log(&run_dir.join(layout::log_file(i, 0))).ok(),
-            mr: std::fs::read(run_dir.join(layout::mr_file(i, 0))).ok(),
+            mr: MrFile::open(&run_dir.join(layout::mr_file(i, 0))),
         }
     }
 }
@@ -267,9 +270,9 @@ impl Input<'_> {
         self.data.get(i as usize).and_then(|d| d.log.as_ref())
     }
 
-    /// Node `i`'s MR file, if it could be read.
-    fn mr(&self, i: u32) -> Option<&[u8]> {
-        self.data.get(i as usize).and_then(|d| d.mr.as_deref())
+    /// Node `i`'s MR file, if it could be opened.
+    fn mr(&self, i: u32) -> Option<&MrFile> {
+        self.data.get(i as usize).and_then(|d| d.mr.as_ref())
     }
 
     /// What the orchestrator knows about node `i` (nothing, if it did not say).
@@ -292,18 +295,6 @@ const SUCCESS: u32 = WcStatus::Success as u32;
 const FLUSH: u32 = WcStatus::WrFlushErr as u32;
 const RETRY_EXC: u32 = WcStatus::RetryExcErr as u32;
 const RNR_RETRY_EXC: u32 = WcStatus::RnrRetryExcErr as u32;
-
-fn slice(bytes: &[u8], off: u64, len: usize) -> Option<&[u8]> {
-    let start = usize::try_from(off).ok()?;
-    bytes.get(start..start.checked_add(len)?)
-}
-
-/// The native-endian u64 at `off`, if the file holds it.
-fn word_at(bytes: &[u8], off: u64) -> Option<u64> {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(slice(bytes, off, 8)?);
-    Some(u64::from_ne_bytes(w))
-}
 
 /// One send-queue completion, unpacked.
 #[derive(Copy, Clone, Debug)]
@@ -404,14 +395,14 @@ fn good_receives(log: &LogRead) -> impl Iterator<Item = GoodRecv> + '_ {
 /// Fails `inv` unless `file` holds `want` at `off`; the message starts with `what()`.
 fn compare(
     inv: &mut Invariant,
-    file: Option<&[u8]>,
+    file: Option<&MrFile>,
     off: u64,
     want: &[u8],
     what: impl FnOnce() -> String,
 ) {
-    match file.and_then(|f| slice(f, off, want.len())) {
+    match file.and_then(|f| f.get(off, want.len())) {
         None => inv.fail(format!("{}: outside the target's file", what())),
-        Some(got) if got == want => {}
+        Some(got) if *got == *want => {}
         Some(got) => {
             let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
             let differ = got.iter().zip(want).filter(|(a, b)| a != b).count();

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Input, Invariant, SUCCESS, good_receives, sends, slice};
+use super::{Input, Invariant, SUCCESS, good_receives, sends};
 use crate::run::layout::{self, RecordKind};
 use crate::run::log::{Entry, OpKind};
 use crate::run::proto::InjectedFaults;
@@ -39,7 +39,7 @@ fn read_datagram(
     }
     let bytes = input
         .mr(i)
-        .and_then(|m| slice(m, off, len as usize))
+        .and_then(|m| m.get(off, len as usize))
         .ok_or_else(|| "unreadable".to_owned())?;
     let (grh, rec) = bytes.split_at(grh_len);
     let (src, dst) = (layout::node_ip(peer).octets(), layout::node_ip(i).octets());

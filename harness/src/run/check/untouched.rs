@@ -4,7 +4,10 @@
 //! MR file, and checks that every byte outside them is still zero. It does not check what is
 //! inside the ranges (`write-data`, `send-data`, `read-data` and `atomic-exactly-once` do).
 
-use super::{Input, Invariant, Link, MAX_MESSAGES, sends};
+use super::mr::MrFile;
+use std::collections::BTreeMap;
+
+use super::{Input, Invariant, Link, MAX_MESSAGES, SendWc, sends};
 use crate::run::layout;
 use crate::run::log::{Entry, LogRead, OpKind};
 
@@ -33,8 +36,8 @@ pub(super) fn untouched_memory(input: &Input<'_>) -> Invariant {
 
 /// Fails `inv` once per stretch of non-zero bytes of node `i`'s `mr` outside `ranges`
 /// (sorted, disjoint).
-fn report_outside(inv: &mut Invariant, input: &Input<'_>, i: u32, mr: &[u8], ranges: &Ranges) {
-    let len = mr.len() as u64;
+fn report_outside(inv: &mut Invariant, input: &Input<'_>, i: u32, mr: &MrFile, ranges: &Ranges) {
+    let len = mr.len();
     let mut gaps = Vec::new();
     let mut at = 0u64;
     for &(s, e) in ranges {
@@ -45,12 +48,9 @@ fn report_outside(inv: &mut Invariant, input: &Input<'_>, i: u32, mr: &[u8], ran
     }
     gaps.push((at, len));
     for (s, e) in gaps.into_iter().filter(|(s, e)| s < e) {
-        let bytes = &mr[s as usize..e as usize];
-        let Some(first) = bytes.iter().position(|b| *b != 0) else {
+        let Some((off, count)) = mr.nonzero(s, e) else {
             continue;
         };
-        let count = bytes.iter().filter(|b| **b != 0).count();
-        let off = s + first as u64;
         inv.fail(format!(
             "node {i}: {count} non-zero bytes where no operation wrote, first at +{off:#x} ({})",
             describe(input, i, off)
@@ -120,6 +120,14 @@ fn allowed(input: &Input<'_>, i: u32) -> Ranges {
             layout::PATTERN_OFF + layout::PATTERN_LEN,
         ),
     ];
+    // Each log's send completions sorted by link once: a thousand QPs must not mean a
+    // thousand passes over a million-line log.
+    let mut by_link: BTreeMap<u32, LinkSends> = BTreeMap::new();
+    for n in peers.iter().copied().chain([i]) {
+        by_link
+            .entry(n)
+            .or_insert_with(|| LinkSends::of(input.log(n)));
+    }
     for (pos, &(j, q)) in links.iter().enumerate() {
         let base = layout::link_base(pos);
         ranges.push((base + layout::STAGE_OFF, base + layout::LINK_LEN));
@@ -128,23 +136,41 @@ fn allowed(input: &Input<'_>, i: u32) -> Ranges {
         if input.ev.workload.is_ud() {
             datagram_ranges(&mut ranges, input.log(i), j, base);
         } else {
-            link_ranges(
-                &mut ranges,
-                input.log(j),
-                Link { peer: i, qp: q },
-                base,
-                Inbound,
-            );
+            if let Some(log) = by_link.get(&j) {
+                link_ranges(&mut ranges, log, Link { peer: i, qp: q }, base, Inbound);
+            }
         }
-        link_ranges(
-            &mut ranges,
-            input.log(i),
-            Link { peer: j, qp: q },
-            base,
-            Outbound,
-        );
+        if let Some(log) = by_link.get(&i) {
+            link_ranges(&mut ranges, log, Link { peer: j, qp: q }, base, Outbound);
+        }
     }
     ranges
+}
+
+/// One node's send completions per QP (the peer and QP they name), and whether its log has
+/// an end line (the node drained).
+#[derive(Default)]
+struct LinkSends {
+    per_link: BTreeMap<Link, Vec<SendWc>>,
+    drained: bool,
+}
+
+impl LinkSends {
+    /// Sorts the send completions of `log` (none without a log) by link, in log order.
+    fn of(log: Option<&LogRead>) -> LinkSends {
+        let mut out = LinkSends {
+            drained: log.is_some_and(|l| l.entries.iter().any(|e| matches!(e, Entry::End { .. }))),
+            ..LinkSends::default()
+        };
+        for s in log.into_iter().flat_map(sends) {
+            let link = Link {
+                peer: s.peer,
+                qp: s.qp,
+            };
+            out.per_link.entry(link).or_default().push(s);
+        }
+        out
+    }
 }
 
 /// Which operations of a log land in the link block being built.
@@ -160,7 +186,7 @@ use Direction::{Inbound, Outbound};
 /// Adds the ranges the operations of `log` (its issuer's) on its QP `link` address in the
 /// link block at `base`; for an issuer without a log or an end line, everything past its last
 /// logged operation of each kind.
-fn link_ranges(ranges: &mut Ranges, log: Option<&LogRead>, link: Link, base: u64, dir: Direction) {
+fn link_ranges(ranges: &mut Ranges, log: &LinkSends, link: Link, base: u64, dir: Direction) {
     let kinds: &[(OpKind, u64, u64)] = match dir {
         Inbound => &[
             (OpKind::Write, layout::WRITE_OFF, layout::RECV_OFF),
@@ -171,11 +197,12 @@ fn link_ranges(ranges: &mut Ranges, log: Option<&LogRead>, link: Link, base: u64
             (OpKind::Faa, layout::FAA_OFF, layout::STAGE_OFF),
         ],
     };
-    let drained = log.is_some_and(|l| l.entries.iter().any(|e| matches!(e, Entry::End { .. })));
+    let drained = log.drained;
+    let on_link = log.per_link.get(&link).map_or(&[][..], Vec::as_slice);
     for &(op, start, end) in kinds {
         let mut last = start;
-        for s in log.into_iter().flat_map(sends) {
-            if s.peer != link.peer || s.qp != link.qp || s.op != op {
+        for s in on_link {
+            if s.op != op {
                 continue;
             }
             let (off, len) = match op {

@@ -330,16 +330,27 @@ fn post_write(p: &mut Pair, imm: Option<u32>, rkey: Option<u32>) {
 
 /// Holds the first copy of request PSN `psn` until released; every other packet goes.
 fn hold_first(p: &mut Pair, psn: u32) {
+    hold_first_keep(p, Dir::AtoB, psn, psn);
+}
+
+/// Holds the first packet with PSN `hold` travelling `dir` and keeps a copy of the one with
+/// PSN `keep` (to inject again as a duplicate); everything else is delivered.
+fn hold_first_keep(p: &mut Pair, dir: Dir, hold: u32, keep: u32) -> Rc<RefCell<Option<Pkt>>> {
+    let copy: Rc<RefCell<Option<Pkt>>> = Rc::default();
+    let kept = copy.clone();
     let mut held = false;
     p.set_filter(move |pkt| {
         let s = pkt.seen();
-        if s.dir == Dir::AtoB && s.psn == psn && !held {
-            held = true;
-            Action::Hold
-        } else {
-            Action::Deliver
+        if s.dir == dir && s.psn == keep {
+            *kept.borrow_mut() = Some(pkt.clone());
         }
+        if s.dir == dir && s.psn == hold && !held {
+            held = true;
+            return Action::Hold;
+        }
+        Action::Deliver
     });
+    copy
 }
 
 /// Packet `i` of the WRITE in b's MR (MTU 256).
@@ -352,20 +363,7 @@ fn packet_in_b(p: &Pair, i: u32) -> Vec<u8> {
 #[test]
 fn write_past_a_hole_is_placed_on_arrival_once() {
     let mut p = sr_pair();
-    let copy: Rc<RefCell<Option<Pkt>>> = Rc::default();
-    let keep = copy.clone();
-    let mut held = false;
-    p.set_filter(move |pkt| {
-        let s = pkt.seen();
-        if s.dir == Dir::AtoB && s.psn == P + 5 {
-            *keep.borrow_mut() = Some(pkt.clone());
-        }
-        if s.dir == Dir::AtoB && s.psn == P + 1 && !held {
-            held = true;
-            return Action::Hold;
-        }
-        Action::Deliver
-    });
+    let copy = hold_first_keep(&mut p, Dir::AtoB, P + 1, P + 5);
     post_write(&mut p, None, None);
     p.transmit_at_most(32);
     p.deliver();
@@ -487,20 +485,7 @@ fn ibta_mode_under_reordering_resends_from_the_gap() {
 fn read_response_past_a_hole_is_placed_on_arrival_once() {
     let mut p = sr_pair();
     p.b.write(&p.b.mr, AT, &pattern(LEN));
-    let copy: Rc<RefCell<Option<Pkt>>> = Rc::default();
-    let keep = copy.clone();
-    let mut held = false;
-    p.set_filter(move |pkt| {
-        let s = pkt.seen();
-        if s.dir == Dir::BtoA && s.psn == P + 5 {
-            *keep.borrow_mut() = Some(pkt.clone());
-        }
-        if s.dir == Dir::BtoA && s.psn == P + 1 && !held {
-            held = true;
-            return Action::Hold;
-        }
-        Action::Deliver
-    });
+    let copy = hold_first_keep(&mut p, Dir::BtoA, P + 1, P + 5);
     let remote_addr = common::Node::sge(&p.b.mr, AT, 0).addr;
     let rkey = p.b.mr.rkey;
     let dest = p.a.at(0, LEN);

@@ -168,16 +168,7 @@ fn reordering_without_loss_resends_nothing() {
     // lost and is resent once, alone (and still delivered exactly once).
     for (late_by, resends) in [(2usize, 0u64), (7, 0), (8, 1), (14, 1)] {
         let mut p = sr_pair();
-        let mut held = false;
-        p.set_filter(move |pkt| {
-            let s = pkt.seen();
-            if s.dir == Dir::AtoB && s.psn == P + 2 && !held {
-                held = true;
-                Action::Hold
-            } else {
-                Action::Deliver
-            }
-        });
+        hold_first(&mut p, P + 2);
         post_send(&mut p);
         // P+2 arrives after `late_by` later packets.
         p.transmit_at_most(3 + late_by);
@@ -448,16 +439,7 @@ fn write_past_a_hole_with_a_bad_rkey_is_not_placed_and_fails_in_order() {
 #[test]
 fn ibta_mode_under_reordering_resends_from_the_gap() {
     let mut p = Pair::new();
-    let mut held = false;
-    p.set_filter(move |pkt| {
-        let s = pkt.seen();
-        if s.dir == Dir::AtoB && s.psn == P + 2 && !held {
-            held = true;
-            Action::Hold
-        } else {
-            Action::Deliver
-        }
-    });
+    hold_first(&mut p, P + 2);
     post_send(&mut p);
     p.transmit_at_most(6);
     p.deliver();

@@ -6,17 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{num, run};
+use common::run;
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn assert_passed(out: &common::Outcome) {
-    assert_eq!(out.code, 0, "{}", out.dump());
-    let report = out.report();
-    assert_eq!(report["passed"], true, "{}", out.dump());
-    assert_eq!(num(&report["violations"]), 0);
-    assert!(out.stdout.contains("result: PASS"), "{}", out.dump());
-}
 
 fn cm_run(name: &str, nodes: &str, plan: Option<&str>) -> common::Outcome {
     let args = [
@@ -39,14 +31,14 @@ fn cm_run(name: &str, nodes: &str, plan: Option<&str>) -> common::Outcome {
 #[test]
 fn two_nodes_connect_through_the_cm_and_pass() {
     let out = cm_run("cm-two", "2", None);
-    assert_passed(&out);
+    out.assert_passed();
     let replay = out.report()["replay"].as_str().unwrap();
     assert!(replay.contains(" --cm rdma"), "{replay}");
 }
 
 #[test]
 fn three_nodes_connect_through_the_cm_and_pass() {
-    assert_passed(&cm_run("cm-three", "3", None));
+    cm_run("cm-three", "3", None).assert_passed();
 }
 
 #[test]
@@ -54,7 +46,7 @@ fn three_nodes_connect_through_the_cm_and_pass() {
 fn cm_run_with_loss_passes() {
     let plan = "seed = 11\n[[rule]]\naction = \"drop\"\nprobability = 0.1\n";
     let out = cm_run("cm-loss", "3", Some(plan));
-    assert_passed(&out);
+    out.assert_passed();
 }
 
 #[test]

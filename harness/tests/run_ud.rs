@@ -11,12 +11,6 @@ use common::{num, run};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn assert_passed(out: &common::Outcome) {
-    assert_eq!(out.code, 0, "{}", out.dump());
-    assert_eq!(out.report()["passed"], true, "{}", out.dump());
-    assert!(out.stdout.contains("result: PASS"), "{}", out.dump());
-}
-
 /// Datagrams the nodes sent successfully (their operations) and receives they logged.
 fn sent_and_received(out: &common::Outcome) -> (u64, u64) {
     let sent = out.report()["node_reports"]
@@ -47,7 +41,7 @@ fn clean_ud_send_delivers_every_datagram_exactly_once() {
         None,
         LIMIT,
     );
-    assert_passed(&out);
+    out.assert_passed();
     for node in out.report()["node_reports"].as_array().unwrap() {
         assert_eq!(node["state"], "finished", "{}", out.dump());
         assert_eq!(num(&node["ops_ok"]), 200, "{node}");
@@ -86,7 +80,7 @@ fn ud_send_loses_and_duplicates_only_what_the_plan_did() {
         Some(plan),
         LIMIT,
     );
-    assert_passed(&out);
+    out.assert_passed();
     let (sent, received) = sent_and_received(&out);
     assert_eq!(sent, 900, "{}", out.dump());
     // Some were lost and some duplicated: the notes say so, within the injectors' counts.
@@ -144,7 +138,7 @@ fn a_killed_node_leaves_the_other_links_checked() {
         Some(plan),
         LIMIT,
     );
-    assert_passed(&out);
+    out.assert_passed();
     let nodes = out.report()["node_reports"].as_array().unwrap();
     assert_eq!(nodes[2]["state"], "killed", "{}", out.dump());
     // Nodes 0 and 1 exchanged datagrams throughout: far more than node 2 sent before its kill.

@@ -10,15 +10,6 @@ use common::{num, run};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// Every invariant passed and was exercised where the workload says it should be.
-fn assert_passed(out: &common::Outcome) {
-    assert_eq!(out.code, 0, "{}", out.dump());
-    let report = out.report();
-    assert_eq!(report["passed"], true, "{}", out.dump());
-    assert_eq!(num(&report["violations"]), 0);
-    assert!(out.stdout.contains("result: PASS"), "{}", out.dump());
-}
-
 #[test]
 fn clean_three_node_stream_write_passes_every_invariant() {
     let out = run(
@@ -38,7 +29,7 @@ fn clean_three_node_stream_write_passes_every_invariant() {
         None,
         LIMIT,
     );
-    assert_passed(&out);
+    out.assert_passed();
     let report = out.report();
     for node in report["node_reports"].as_array().unwrap() {
         assert_eq!(node["state"], "finished", "{}", out.dump());
@@ -88,7 +79,7 @@ probability = 0.1
         Some(plan),
         LIMIT,
     );
-    assert_passed(&out);
+    out.assert_passed();
     let report = out.report();
     assert_eq!(num(&report["plan"]["rules"]), 2);
     let (mut dropped, mut duplicated, mut retransmits) = (0, 0, 0);
@@ -124,7 +115,7 @@ fn atomic_counter_counts_every_fetch_add_exactly_once() {
         Some(plan),
         LIMIT,
     );
-    assert_passed(&out);
+    out.assert_passed();
     let report = out.report();
     let successes: u64 = report["node_reports"]
         .as_array()
@@ -159,7 +150,7 @@ fn pingpong_and_mixed_pass_under_light_loss() {
             Some(plan),
             LIMIT,
         );
-        assert_passed(&out);
+        out.assert_passed();
     }
 }
 
@@ -187,7 +178,7 @@ fn pcap_dir_holds_one_capture_per_node() {
         None,
         LIMIT,
     );
-    assert_passed(&out);
+    out.assert_passed();
     for i in 0..2 {
         let file = pcaps.join(format!("node{i}.g0.pcap"));
         let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));

@@ -47,6 +47,15 @@ impl Outcome {
             .unwrap_or_else(|| panic!("no invariant {name}"))
     }
 
+    /// Asserts the run passed: exit 0, the report's verdict, no violation, the PASS line.
+    pub fn assert_passed(&self) {
+        assert_eq!(self.code, 0, "{}", self.dump());
+        let report = self.report();
+        assert_eq!(report["passed"], true, "{}", self.dump());
+        assert_eq!(num(&report["violations"]), 0);
+        assert!(self.stdout.contains("result: PASS"), "{}", self.dump());
+    }
+
     /// Everything, for assertion messages.
     pub fn dump(&self) -> String {
         format!(

@@ -6,6 +6,7 @@
 #   scripts/mutants.sh --shard K/N     # the K-th of N consecutive slices (K from 0)
 #   scripts/mutants.sh --file PATH     # only the mutants of one source file (repeatable)
 #   scripts/mutants.sh --in-diff FILE  # only mutants in the lines a diff touches
+#   scripts/mutants.sh --iterate ...   # skip the mutants the last run of the same tag caught
 #   scripts/mutants.sh --ci            # CI's bounded step, below
 #
 # Results in target/mutants/<tag>/mutants.out (caught.txt, missed.txt, timeout.txt,
@@ -142,8 +143,9 @@ main() {
       --shard) args+=(--shard "$2"); tag=shard-${2/\//-of-}; shift ;;
       --file) files+=("$2"); tag=$(basename "${2%.rs}"); shift ;;
       --in-diff) args+=(--in-diff "$2"); tag=diff; shift ;;
+      --iterate) args+=(--iterate) ;;
       --ci) ci; return 0 ;;
-      *) echo "usage: $0 [--shard K/N] [--file PATH]... [--in-diff FILE] | --ci" >&2; exit 2 ;;
+      *) echo "usage: $0 [--shard K/N] [--file PATH]... [--in-diff FILE] [--iterate] | --ci" >&2; exit 2 ;;
     esac
     shift
   done

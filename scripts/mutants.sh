@@ -16,8 +16,8 @@
 #
 # --ci: the mutants in the lines `git diff ${MUTANTS_BASE:-HEAD~1}..HEAD` changes under
 # emu/proto/src/{rc,wire}, bounded by ${MUTANTS_TIMEOUT:-600} s. With CI=true it mutates the
-# checkout in place (reusing the target/ that `cargo test --workspace` built; the tree is
-# restored afterwards) and installs cargo-mutants if missing. Exit codes: 0 every mutant in the
+# checkout in place (building it once with the `mutants` profile; the tree is restored
+# afterwards) and installs cargo-mutants if missing. Exit codes: 0 every mutant in the
 # diff caught (or listed as harmless); 1 a missed mutant not listed in
 # .cargo/mutants-survivors.md, or a failure of the run; 2 cargo-mutants missing (outside CI);
 # 3 skipped or cut short: the diff touches neither directory, or the time bound cut the run
@@ -95,8 +95,10 @@ ci() {
   need_cargo_mutants
   local mode=()
   if [ "${CI:-}" = true ]; then
-    # The checkout is CI's own: mutate it in place and reuse the test build of the step before.
-    mode=(--in-place --profile test)
+    # The checkout is CI's own: mutate it in place. The `mutants` profile's first build costs
+    # about 90 s more than reusing the test build of the step before, but each mutant's tests
+    # then run in ~1 s instead of ~9 s.
+    mode=(--in-place)
   fi
   echo "mutants: the mutants in $base..HEAD under emu/proto/src/{rc,wire}, at most ${limit}s"
   # The workspace tests passed in the step before (no baseline run); a mutant whose tests run

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::{FLUSH, Input, Invariant, Link, LogCounts, SUCCESS, status_name};
 use crate::run::layout::{RecordKind, Workload};
-use crate::run::log::{Entry, LogRead, OpKind, Posted};
+use crate::run::log::{Entry, LogRead, MAX_LOG, OpKind, Posted};
 
 /// Node `i`'s numbers for the report: lines, whether the log was cut, completions by status,
 /// and successful workload operations (every send-queue completion but fin words and pongs;
@@ -68,7 +68,12 @@ pub(super) fn log_integrity(input: &Input<'_>) -> Invariant {
         for line in &log.bad_lines {
             inv.fail(format!("node {i}: log line {line} does not parse"));
         }
-        if log.truncated_tail {
+        if log.oversize {
+            inv.fail(format!(
+                "node {i}: log larger than {} GiB: read only up to there, not verified whole",
+                MAX_LOG >> 30
+            ));
+        } else if log.truncated_tail {
             let f = input.fact(i);
             if f.killed_at.is_some() || f.timed_out {
                 inv.note(format!("node {i}: last log line cut by the kill"));
@@ -314,10 +319,14 @@ mod tests {
 
     #[test]
     fn log_integrity_reports_missing_logs_bad_lines_and_a_live_nodes_cut_line() {
-        let mut fx = Fixture::new(3, Workload::Mixed);
+        let mut fx = Fixture::new(4, Workload::Mixed);
         fx.log(0).bad_lines = vec![4];
         fx.log(1).truncated_tail = true;
         fx.data[2].log = None;
+        // A log cut by the reader's size limit is not excused, even for a killed node.
+        fx.log(3).oversize = true;
+        fx.log(3).truncated_tail = true;
+        fx.fact(3).killed_at = Some(fx.now);
         let inv = log_integrity(&fx.input());
         assert_eq!(
             inv.violations,
@@ -325,6 +334,7 @@ mod tests {
                 "node 0: log line 4 does not parse",
                 "node 1: log ends in a cut line",
                 "node 2: no completion log",
+                "node 3: log larger than 64 GiB: read only up to there, not verified whole",
             ]
         );
     }

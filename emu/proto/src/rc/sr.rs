@@ -749,6 +749,15 @@ mod tests {
             probe(&mut rc, at(1000));
         }
         assert_eq!(rc.sr.backoff, MAX_BACKOFF);
+        // Nothing reported received (a lost selective ACK): the oldest goes again, alone.
+        let mut rc = requester(
+            10,
+            12,
+            &[(10, unit(1, false, false)), (11, unit(2, false, false))],
+        );
+        assert!(probe(&mut rc, at(0)));
+        assert_eq!(resend(&rc), [10]);
+        assert!(rc.sr.units[&10].queued && !rc.sr.units[&11].queued);
         // The oldest is in the resend queue without being marked (no unit for it): not twice.
         let mut rc = requester(10, 12, &[(11, unit(1, true, false))]);
         rc.sr.resend.push_back(Psn::new(10));

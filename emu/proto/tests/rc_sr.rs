@@ -504,3 +504,86 @@ fn read_response_past_a_hole_is_placed_on_arrival_once() {
     let a = p.a.stats();
     assert_eq!((a.sr_placed_early, a.retransmits()), (30, 0));
 }
+
+/// A READ request held past a hole stands for all its response PSNs: the selective ACK
+/// reports them received (they are the responder's to send), so the requester resends
+/// neither them nor the READ, only the hole.
+#[test]
+fn held_read_request_covers_its_response_psns_in_the_sack() {
+    let mut p = sr_pair();
+    hold_first(&mut p, P);
+    p.b.write(&p.b.mr, AT, &pattern(768));
+    p.b.post_recv(1, &[p.b.at(0, 256)]);
+    p.b.post_recv(3, &[p.b.at(256, 256)]);
+    p.a.write(&p.a.mr, 0, &pattern(512));
+    let remote_addr = common::Node::sge(&p.b.mr, AT, 0).addr;
+    let rkey = p.b.mr.rkey;
+    p.post_a(&[
+        SendWr::new(1, SendOp::Send, &[p.a.at(0, 256)]),
+        SendWr::new(
+            2,
+            SendOp::RdmaRead { remote_addr, rkey },
+            &[p.a.at(4096, 768)],
+        ),
+        SendWr::new(3, SendOp::Send, &[p.a.at(256, 256)]),
+    ]);
+    p.transmit();
+    assert_eq!(psns(&p.seen(Dir::AtoB)), [P, P + 1, P + 4]);
+    p.deliver();
+    p.transmit();
+    let back = p.seen(Dir::BtoA);
+    assert_eq!(back.len(), 1);
+    assert!(back[0].is_sack());
+    assert_eq!(back[0].psn, P, "the first PSN missing");
+    assert_eq!(back[0].sack, Some(bits(P, P + 1, P + 4)));
+    assert_eq!(p.b.stats().out_of_seq_request, 2);
+    p.release_held(false);
+    assert!(p.run_until_idle());
+    assert_eq!(
+        statuses(&p.a.send_wcs()),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    assert_eq!(
+        statuses(&p.b.recv_wcs()),
+        [(1, WcStatus::Success), (3, WcStatus::Success)]
+    );
+    assert_eq!(p.a.read(&p.a.mr, 4096, 768), pattern(768));
+    assert_eq!(p.a.stats().retransmits(), 0);
+}
+
+/// A duplicate of a request the responder holds past a hole is not held again: it counts as
+/// a duplicate and draws a selective ACK (the requester may have lost the last one); the
+/// message is still delivered once.
+#[test]
+fn duplicate_of_a_held_request_counts_once_and_draws_a_sack() {
+    let mut p = sr_pair();
+    let copy = hold_first_keep(&mut p, Dir::AtoB, P + 1, P + 2);
+    post_send(&mut p);
+    p.transmit();
+    p.deliver();
+    p.transmit();
+    let b = p.b.stats();
+    assert_eq!(
+        (b.out_of_seq_request, b.duplicate_request, b.sacks_sent),
+        (30, 0, 1)
+    );
+    let again = copy.borrow().clone().unwrap();
+    p.inject_pkt(&again);
+    p.transmit();
+    let b = p.b.stats();
+    assert_eq!(
+        (b.out_of_seq_request, b.duplicate_request, b.sacks_sent),
+        (31, 1, 2)
+    );
+    let back = p.seen(Dir::BtoA);
+    assert_eq!(back.len(), 2);
+    assert_eq!(back[1].psn, P + 1);
+    assert_eq!(back[1].sack, Some(bits(P + 1, P + 2, P + 31)));
+    p.release_held(false);
+    assert!(p.run_until_idle());
+    assert_delivered(&mut p);
+}

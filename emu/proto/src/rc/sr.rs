@@ -408,3 +408,421 @@ pub(crate) fn rebase_seq(sr: &mut SrState) {
         u.seq -= base;
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::wire::BthRepr;
+
+    fn at(us: u64) -> Instant {
+        Instant::from_nanos(us * 1000)
+    }
+
+    fn unit(seq: u64, sacked: bool, queued: bool) -> Unit {
+        Unit {
+            seq,
+            sacked,
+            queued,
+        }
+    }
+
+    /// An RcState whose requester has `units` (PSN → unit) in flight from `comp` on.
+    fn requester(comp: u32, sent_high: u32, units: &[(u32, Unit)]) -> RcState {
+        let mut rc = RcState {
+            comp_psn: Psn::new(comp),
+            req_psn: Psn::new(sent_high),
+            sent_high: Psn::new(sent_high),
+            ..RcState::default()
+        };
+        for &(k, u) in units {
+            rc.sr.units.insert(k, u);
+            rc.sr.sacked += i32::from(u.sacked);
+        }
+        rc
+    }
+
+    fn resend(rc: &RcState) -> Vec<u32> {
+        rc.sr.resend.iter().map(|p| p.value()).collect()
+    }
+
+    fn held(psn: u32, span: u32, placed: Option<Placed>, payload: &[u8]) -> Held {
+        let bth = BthRepr {
+            opcode: Opcode::SendOnly,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: BthRepr::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp: 0x11,
+            ack_req: false,
+            psn: Psn::new(psn),
+        };
+        Held {
+            hdrs: PacketRepr::new(bth, &[]),
+            payload: payload.to_vec(),
+            len: payload.len().max(if placed.is_some() { 300 } else { 0 }),
+            span,
+            placed,
+        }
+    }
+
+    fn placed(rkey: u32) -> Placed {
+        Placed {
+            rkey,
+            key: rkey + 1,
+            offset: 64,
+            room: 4096,
+        }
+    }
+
+    #[test]
+    fn held_packet_is_replayed_with_its_payload_or_a_stand_in_of_its_length() {
+        let h = held(7, 1, None, b"payload");
+        let r = h.repr();
+        assert_eq!((r.bth.psn, r.bth.opcode), (Psn::new(7), Opcode::SendOnly));
+        assert_eq!(r.payload, b"payload");
+        let p = held(8, 1, Some(placed(5)), &[]);
+        let r = p.repr();
+        assert_eq!(r.bth.psn, Psn::new(8));
+        assert_eq!(r.payload, &[0u8; 300][..]);
+    }
+
+    #[test]
+    fn nearest_placed_before_is_the_closest_placed_packet_strictly_before() {
+        let mut rc = RcState::default();
+        rc.sr.held.insert(10, held(10, 1, Some(placed(1)), &[]));
+        rc.sr.held.insert(12, held(12, 1, None, b"x"));
+        rc.sr.held.insert(14, held(14, 1, Some(placed(2)), &[]));
+        rc.sr.held.insert(20, held(20, 1, Some(placed(3)), &[]));
+        assert_eq!(
+            nearest_placed_before(&rc, Psn::new(16)),
+            Some((2, placed(2)))
+        );
+        assert_eq!(
+            nearest_placed_before(&rc, Psn::new(14)),
+            Some((4, placed(1)))
+        );
+        assert_eq!(
+            nearest_placed_before(&rc, Psn::new(13)),
+            Some((3, placed(1)))
+        );
+        assert_eq!(nearest_placed_before(&rc, Psn::new(10)), None);
+        assert_eq!(nearest_placed_before(&rc, Psn::new(9)), None);
+    }
+
+    #[test]
+    fn selective_acks_queued_back_to_back_merge_into_one_for_the_latest_epsn() {
+        let mut rc = RcState {
+            epsn: Psn::new(5),
+            ..RcState::default()
+        };
+        queue_sack(&mut rc);
+        rc.epsn = Psn::new(6);
+        queue_sack(&mut rc);
+        assert_eq!(
+            rc.responses.iter().copied().collect::<Vec<_>>(),
+            [Response::Sack { psn: Psn::new(6) }]
+        );
+        let ack = Response::Ack {
+            psn: Psn::new(6),
+            first: Psn::new(6),
+        };
+        rc.responses.push_back(ack);
+        rc.epsn = Psn::new(9);
+        queue_sack(&mut rc);
+        assert_eq!(
+            rc.responses.iter().copied().collect::<Vec<_>>(),
+            [
+                Response::Sack { psn: Psn::new(6) },
+                ack,
+                Response::Sack { psn: Psn::new(9) }
+            ]
+        );
+    }
+
+    #[test]
+    fn next_held_is_the_one_at_epsn_and_those_passed_are_discarded() {
+        let mut rc = RcState {
+            epsn: Psn::new(7),
+            ..RcState::default()
+        };
+        for k in [5, 7, 9] {
+            rc.sr.held.insert(k, held(k, 1, None, b"p"));
+        }
+        let h = take_next_held(&mut rc).unwrap();
+        assert_eq!(h.hdrs.bth.psn, Psn::new(7));
+        assert_eq!(rc.sr.held.keys().copied().collect::<Vec<_>>(), [9]);
+        assert!(take_next_held(&mut rc).is_none());
+        assert_eq!(rc.sr.held.len(), 1);
+    }
+
+    #[test]
+    fn sack_bitmap_marks_executed_and_held_psns_after_its_psn() {
+        // Queued at ePSN 10; 11 and 12 executed since; 15 held; a READ of 3 PSNs held at 20;
+        // a READ spanning more than a SACK held at 30.
+        let mut rc = RcState {
+            epsn: Psn::new(13),
+            ..RcState::default()
+        };
+        rc.sr.held.insert(15, held(15, 1, None, b"p"));
+        rc.sr.held.insert(20, held(20, 3, None, &[]));
+        let b = bitmap(&rc, Psn::new(10));
+        let set: Vec<u32> = (0..SACK_SPAN).filter(|&i| b.has(i)).collect();
+        assert_eq!(set, [0, 1, 4, 9, 10, 11]);
+        rc.sr.held.insert(30, held(30, 1000, None, &[]));
+        let b = bitmap(&rc, Psn::new(10));
+        assert_eq!((0..SACK_SPAN).filter(|&i| b.has(i)).count(), 6 + 512 - 19);
+        // A SACK queued before the gap closed: nothing executed after it is claimed before it.
+        let b = bitmap(&rc, Psn::new(13));
+        assert!(!b.has(0) && b.has(1) && !b.has(2));
+    }
+
+    #[test]
+    fn a_transmission_gets_the_next_sequence_number_and_arms_the_probe_once() {
+        let mut rc = RcState::default();
+        rc.sr.units.insert(5, unit(0, false, true));
+        sent(&mut rc, Psn::new(5), at(10));
+        assert_eq!(rc.sr.seq, 1);
+        let u = rc.sr.units[&5];
+        assert_eq!((u.seq, u.queued), (1, false));
+        assert_eq!(rc.sr.probe_at, Some(at(110)), "MIN_PROBE after now");
+        sent(&mut rc, Psn::new(6), at(50));
+        assert_eq!((rc.sr.seq, rc.sr.units[&6].seq), (2, 2));
+        assert_eq!(rc.sr.probe_at, Some(at(110)), "already armed");
+    }
+
+    #[test]
+    fn probe_interval_is_three_round_trips_at_least_min_probe_doubled_per_backoff() {
+        let mut rc = RcState::default();
+        assert_eq!(probe_interval(&rc), MIN_PROBE);
+        rc.srtt = Some(Duration::from_micros(20));
+        assert_eq!(probe_interval(&rc), MIN_PROBE);
+        rc.srtt = Some(Duration::from_micros(200));
+        assert_eq!(probe_interval(&rc), Duration::from_micros(600));
+        rc.sr.backoff = 2;
+        assert_eq!(probe_interval(&rc), Duration::from_micros(2400));
+        rc.sr.backoff = 40;
+        assert_eq!(
+            probe_interval(&rc),
+            Duration::from_micros(600 << MAX_BACKOFF)
+        );
+    }
+
+    #[test]
+    fn progress_forgets_acknowledged_units_and_restarts_the_probe() {
+        let mut rc = requester(
+            5,
+            8,
+            &[
+                (3, unit(1, true, false)),
+                (4, unit(2, false, true)),
+                (6, unit(3, true, false)),
+                (7, unit(4, false, false)),
+            ],
+        );
+        rc.sr.read_placed.extend([4, 7]);
+        rc.sr.backoff = 3;
+        progress(&mut rc, at(1000));
+        assert_eq!(rc.sr.units.keys().copied().collect::<Vec<_>>(), [6, 7]);
+        assert_eq!(rc.sr.sacked, 1);
+        assert_eq!(rc.sr.read_placed.iter().copied().collect::<Vec<_>>(), [7]);
+        assert_eq!(rc.sr.backoff, 0);
+        assert_eq!(rc.sr.probe_at, Some(at(1100)));
+        rc.comp_psn = Psn::new(8);
+        progress(&mut rc, at(2000));
+        assert!(rc.sr.units.is_empty());
+        assert_eq!((rc.sr.sacked, rc.sr.probe_at), (0, None));
+    }
+
+    #[test]
+    fn a_sack_marks_what_it_reports_and_raises_the_delivered_sequence_number() {
+        let mut rc = requester(
+            3,
+            9,
+            &[
+                (3, unit(1, false, false)),
+                (5, unit(2, false, false)),
+                (6, unit(3, false, false)),
+                (8, unit(4, false, false)),
+            ],
+        );
+        let mut b = SackBitmap::default();
+        b.set(0); // PSN 6
+        note_sack(&mut rc, Psn::new(5), &b);
+        let sacked: Vec<u32> = rc
+            .sr
+            .units
+            .iter()
+            .filter(|(_, u)| u.sacked)
+            .map(|(&k, _)| k)
+            .collect();
+        assert_eq!(sacked, [3, 6]);
+        assert_eq!((rc.sr.sacked, rc.sr.delivered), (2, 3));
+        note_sack(&mut rc, Psn::new(5), &b);
+        assert_eq!((rc.sr.sacked, rc.stats.sacks_rcvd), (2, 2), "counted once");
+        assert!(is_sacked(&rc, Psn::new(6)) && !is_sacked(&rc, Psn::new(5)));
+        assert!(!is_sacked(&rc, Psn::new(4)));
+    }
+
+    /// Units 9..=16 from comp 10: the holes below the highest unit reported received (15) that
+    /// are neither reported nor queued are resent once 8 later transmissions were delivered;
+    /// the probe resends them regardless.
+    fn holes_fixture() -> RcState {
+        let mut rc = requester(
+            10,
+            17,
+            &[
+                (9, unit(1, false, false)),   // before comp: acknowledged
+                (10, unit(2, false, false)),  // hole, old enough
+                (11, unit(3, true, false)),   // reported
+                (12, unit(4, false, true)),   // queued already
+                (13, unit(11, false, false)), // hole, too recent
+                (14, unit(1, false, false)),  // hole, old enough
+                (15, unit(5, true, false)),   // the highest reported
+                (16, unit(1, false, false)),  // after it: maybe in flight
+            ],
+        );
+        rc.sr.delivered = 12;
+        rc
+    }
+
+    #[test]
+    fn holes_are_queued_once_past_the_reorder_threshold_or_all_on_a_probe() {
+        let mut rc = holes_fixture();
+        queue_holes(&mut rc, false);
+        assert_eq!(resend(&rc), [10, 14]);
+        assert!(rc.sr.units[&10].queued && rc.sr.units[&14].queued);
+        assert!(!rc.sr.units[&13].queued);
+        queue_holes(&mut rc, false);
+        assert_eq!(resend(&rc), [10, 14], "not queued twice");
+        queue_holes(&mut rc, true);
+        assert_eq!(resend(&rc), [10, 14, 13]);
+        // Exactly at the threshold: seq + 8 == delivered.
+        let mut rc = holes_fixture();
+        rc.sr.delivered = 10;
+        queue_holes(&mut rc, false);
+        assert_eq!(resend(&rc), [10, 14]);
+        let mut rc2 = holes_fixture();
+        rc2.sr.delivered = 9;
+        queue_holes(&mut rc2, false);
+        assert_eq!(resend(&rc2), [14]);
+        // Nothing reported received: no hole can be told.
+        let mut rc = requester(10, 12, &[(10, unit(1, false, false))]);
+        rc.sr.delivered = 100;
+        queue_holes(&mut rc, true);
+        assert!(rc.sr.resend.is_empty());
+    }
+
+    #[test]
+    fn holes_are_resent_in_psn_order_across_the_psn_wrap() {
+        let mut rc = requester(
+            0xFF_FFFE,
+            3,
+            &[
+                (0xFF_FFFE, unit(1, false, false)),
+                (0xFF_FFFF, unit(1, false, false)),
+                (0, unit(2, false, false)),
+                (1, unit(3, true, false)),
+            ],
+        );
+        rc.sr.delivered = 20;
+        queue_holes(&mut rc, false);
+        assert_eq!(resend(&rc), [0xFF_FFFE, 0xFF_FFFF, 0]);
+    }
+
+    #[test]
+    fn probe_resends_the_oldest_unacknowledged_psn_first_then_every_hole_and_backs_off() {
+        let mut rc = holes_fixture();
+        rc.sr.probe_at = Some(at(5));
+        assert!(probe(&mut rc, at(5)));
+        assert_eq!(resend(&rc), [10, 13, 14]);
+        assert_eq!((rc.stats.sr_probes, rc.sr.backoff), (1, 1));
+        assert_eq!(rc.sr.probe_at, Some(at(205)), "MIN_PROBE doubled once");
+        // Again: the oldest is queued already; nothing new.
+        assert!(probe(&mut rc, at(300)));
+        assert_eq!(resend(&rc), [10, 13, 14]);
+        assert_eq!((rc.stats.sr_probes, rc.sr.backoff), (2, 2));
+        assert_eq!(rc.sr.probe_at, Some(at(700)));
+        for _ in 0..10 {
+            probe(&mut rc, at(1000));
+        }
+        assert_eq!(rc.sr.backoff, MAX_BACKOFF);
+        // Nothing reported received (a lost selective ACK): the oldest goes again, alone.
+        let mut rc = requester(
+            10,
+            12,
+            &[(10, unit(1, false, false)), (11, unit(2, false, false))],
+        );
+        assert!(probe(&mut rc, at(0)));
+        assert_eq!(resend(&rc), [10]);
+        assert!(rc.sr.units[&10].queued && !rc.sr.units[&11].queued);
+        // The oldest is in the resend queue without being marked (no unit for it): not twice.
+        let mut rc = requester(10, 12, &[(11, unit(1, true, false))]);
+        rc.sr.resend.push_back(Psn::new(10));
+        assert!(probe(&mut rc, at(0)));
+        assert_eq!(resend(&rc), [10]);
+        // Nothing outstanding: the probe is disarmed and does nothing.
+        let mut rc = requester(12, 12, &[]);
+        rc.sr.probe_at = Some(at(5));
+        assert!(!probe(&mut rc, at(5)));
+        assert_eq!(
+            (rc.sr.probe_at, rc.stats.sr_probes, rc.sr.backoff),
+            (None, 0, 0)
+        );
+        assert!(rc.sr.resend.is_empty());
+    }
+
+    #[test]
+    fn a_go_back_n_rewind_voids_the_resend_queue() {
+        let mut rc = holes_fixture();
+        queue_holes(&mut rc, true);
+        rewound(&mut rc);
+        assert!(rc.sr.resend.is_empty());
+        assert!(rc.sr.units.values().all(|u| !u.queued));
+    }
+
+    #[test]
+    fn window_holds_512_psns_and_the_flight_128_not_reported_received() {
+        let full = |used: u32, sacked: i32, resending: bool| {
+            let mut rc = requester(100, 100 + used, &[]);
+            rc.sr.sacked = sacked;
+            if resending {
+                rc.req_psn = Psn::new(100 + used - 1);
+            }
+            window_full(&rc)
+        };
+        assert!(!full(127, 0, false));
+        assert!(full(128, 0, false));
+        assert!(!full(128, 1, false));
+        assert!(full(129, 1, false));
+        assert!(!full(511, 400, false));
+        assert!(full(512, 400, false));
+        // A go-back-N resend is never held back by the flight, only by the window.
+        assert!(!full(300, 0, true));
+        assert!(!full(512, 0, true));
+        assert!(full(513, 0, true));
+    }
+
+    #[test]
+    fn rebasing_shifts_every_sequence_number_by_the_smallest_one_compared() {
+        let mut sr = SrState {
+            seq: 12,
+            delivered: 7,
+            ..SrState::default()
+        };
+        sr.units.insert(1, unit(5, false, false));
+        sr.units.insert(2, unit(9, true, false));
+        rebase_seq(&mut sr);
+        assert_eq!((sr.seq, sr.delivered), (7, 2));
+        assert_eq!(sr.units.values().map(|u| u.seq).collect::<Vec<_>>(), [0, 4]);
+        let mut sr = SrState {
+            seq: 10,
+            delivered: 3,
+            ..SrState::default()
+        };
+        rebase_seq(&mut sr);
+        assert_eq!((sr.seq, sr.delivered), (7, 0));
+    }
+}

@@ -528,4 +528,180 @@ mod tests {
         let ctx = IpContext::v4(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, 0xC000);
         assert!(check_icrc(&ctx, &uc[..3]).is_err());
     }
+
+    /// CRC-32 (reflected 0xEDB88320, init and final NOT), bit by bit: a reference independent
+    /// of both `crc32fast` and the table-driven `small` module.
+    fn crc32_bitwise(bytes: &[u8]) -> u32 {
+        let mut c = !0u32;
+        for &b in bytes {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 == 1 {
+                    (c >> 1) ^ 0xEDB8_8320
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
+    }
+
+    /// The ICRC as rc-transport.md §1.8 defines it, spelled out: CRC-32 over
+    /// `0xFF × 8 ‖ IP header ‖ UDP header ‖ BTH ‖ rest` (ICRC excluded) with IPv4 TOS, TTL and
+    /// header checksum (or IPv6 traffic class, flow label and hop limit), the UDP checksum and
+    /// BTH byte 4 replaced by all ones.
+    fn reference_icrc(headers: &[u8], udp_payload: &[u8]) -> u32 {
+        let ip_len = if headers[0] == 0x45 { 20 } else { 40 };
+        let mut ip_udp = headers[..ip_len + 8].to_vec();
+        if ip_len == 20 {
+            ip_udp[1] = 0xFF;
+            ip_udp[8] = 0xFF;
+            ip_udp[10] = 0xFF;
+            ip_udp[11] = 0xFF;
+        } else {
+            ip_udp[0] |= 0x0F;
+            ip_udp[1] = 0xFF;
+            ip_udp[2] = 0xFF;
+            ip_udp[3] = 0xFF;
+            ip_udp[7] = 0xFF;
+        }
+        ip_udp[ip_len + 6] = 0xFF;
+        ip_udp[ip_len + 7] = 0xFF;
+        let mut pseudo = vec![0xFF; 8];
+        pseudo.extend_from_slice(&ip_udp);
+        let mut bth_on = udp_payload[..udp_payload.len() - 4].to_vec();
+        bth_on[4] = 0xFF;
+        pseudo.extend_from_slice(&bth_on);
+        crc32_bitwise(&pseudo)
+    }
+
+    /// A UDP payload of `len` bytes with varied contents (no byte is 0xFF where masking
+    /// would hide it).
+    fn varied(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(37).wrapping_add(seed) & 0x7F)
+            .collect()
+    }
+
+    #[test]
+    fn reference_crc_reproduces_the_published_vectors() {
+        let cnp = with_icrc(CNP_PAYLOAD, [0; 4]);
+        assert_eq!(reference_icrc(&hex(CNP_HEADERS), &cnp), 0x2A00_FD82);
+        let uc = with_icrc(UC_PAYLOAD, [0; 4]);
+        assert_eq!(
+            reference_icrc(&hex(UC_HEADERS), &uc).to_le_bytes(),
+            [0x78, 0xF3, 0x53, 0xF3]
+        );
+    }
+
+    /// Every length from a bare BTH to well past the table-driven path's limit, over IPv4 and
+    /// IPv6 headers: the ICRC is the §1.8 CRC, whichever path computes it.
+    #[test]
+    fn icrc_matches_a_bitwise_reference_at_every_length() {
+        let mut v6 = [0u8; 48];
+        v6[0] = 0x6B;
+        v6[1..4].copy_from_slice(&[0xC1, 0x23, 0x45]);
+        v6[6] = 0x11;
+        v6[7] = 0x40;
+        v6[8..24].copy_from_slice(&[0x20, 1, 0xD, 0xB8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]);
+        v6[24..40].copy_from_slice(&[0xFE, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        v6[40..42].copy_from_slice(&0xD00Du16.to_be_bytes());
+        v6[42..44].copy_from_slice(&4791u16.to_be_bytes());
+        v6[46..48].copy_from_slice(&[0x12, 0x34]);
+        for headers in [hex(CNP_HEADERS), hex(UC_HEADERS), v6.to_vec()] {
+            for len in BTH_LEN + ICRC_LEN..BTH_LEN + ICRC_LEN + 300 {
+                let payload = varied(len, len as u8);
+                assert_eq!(
+                    icrc_over_headers(&headers, &payload),
+                    Ok(reference_icrc(&headers, &payload)),
+                    "len {len}, headers {:02x}",
+                    headers[0]
+                );
+            }
+        }
+    }
+
+    /// `compute_icrc` (headers rebuilt from the context, prefix cached) agrees with the
+    /// reference over the headers `write_headers` produces, for interleaved contexts and
+    /// lengths: more pairs than the cache holds, several contexts of the same length, several
+    /// lengths of the same context, and each pair again after the others.
+    #[test]
+    fn compute_icrc_is_the_reference_over_rebuilt_headers_for_interleaved_paths() {
+        let v4 = |src: u8, ident: u16, port: u16| IpContext {
+            addrs: IpAddrs::V4 {
+                src: Ipv4Addr::new(10, 0, 0, src),
+                dst: Ipv4Addr::new(10, 0, 1, 1),
+                ident,
+            },
+            src_port: port,
+            dst_port: 4791,
+        };
+        let ctxs = [
+            v4(1, 0, 0xC000),
+            v4(2, 0, 0xC000),
+            v4(1, 7, 0xC000),
+            v4(1, 0, 0xC001),
+            IpContext::v6(Ipv6Addr::LOCALHOST, Ipv6Addr::UNSPECIFIED, 0xC000),
+        ];
+        let lens = [16usize, 44, 300];
+        for round in 0..2 {
+            for len in lens {
+                for (i, ctx) in ctxs.iter().enumerate() {
+                    let payload = varied(len, i as u8 + round);
+                    let mut headers = [0; MAX_HEADERS_LEN];
+                    let n = ctx.write_headers(len, &mut headers, true).unwrap();
+                    let want = reference_icrc(&headers[..n], &payload);
+                    assert_eq!(compute_icrc(ctx, &payload), Ok(want), "ctx {i}, len {len}");
+                }
+            }
+        }
+    }
+
+    /// IPv4 (§1.8): TOS, TTL, the header checksum and the UDP checksum are masked; every other
+    /// header byte (total length, identification, flags, protocol, addresses, ports, UDP
+    /// length) is covered.
+    #[test]
+    fn ipv4_masks_tos_ttl_and_checksums_and_covers_the_rest() {
+        let headers = hex(UC_HEADERS);
+        let payload = with_icrc(UC_PAYLOAD, [0; 4]);
+        let base = icrc_over_headers(&headers, &payload).unwrap();
+        for at in 1..headers.len() {
+            let mut h = headers.clone();
+            h[at] ^= 0x21;
+            let masked = matches!(at, 1 | 8 | 10 | 11 | 26 | 27);
+            assert_eq!(
+                icrc_over_headers(&h, &payload) == Ok(base),
+                masked,
+                "header byte {at}"
+            );
+        }
+    }
+
+    /// A payload of exactly BTH + ICRC bytes is the shortest accepted; the errors name what
+    /// was needed.
+    #[test]
+    fn shortest_payload_and_error_values() {
+        let ctx = IpContext::v4(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, 0xC000);
+        let mut p = hex(UC_PAYLOAD)[..BTH_LEN].to_vec();
+        p.extend_from_slice(&[0; ICRC_LEN]);
+        fill_icrc(&ctx, &mut p).unwrap();
+        assert_eq!(check_icrc(&ctx, &p), Ok(()));
+        let headers = hex(UC_HEADERS);
+        assert_eq!(
+            icrc_over_headers(&headers, &p),
+            Ok(reference_icrc(&headers, &p))
+        );
+        assert_eq!(
+            icrc_over_headers(&[], &p),
+            Err(WireError::Truncated { need: 28, have: 0 })
+        );
+        assert_eq!(
+            icrc_over_headers(&headers[..27], &p),
+            Err(WireError::Truncated { need: 28, have: 27 })
+        );
+        assert_eq!(
+            check_icrc(&ctx, &p[..15]),
+            Err(WireError::Truncated { need: 16, have: 15 })
+        );
+    }
 }

@@ -306,4 +306,136 @@ mod tests {
         );
         assert_eq!(Opcode::from(SACK_OPCODE), Opcode::Unknown(SACK_OPCODE));
     }
+
+    /// Bit *i* of the bitmap, read from the words as the type documents them.
+    fn word_bit(b: &SackBitmap, i: u32) -> bool {
+        b.0[i as usize / 64] >> (i % 64) & 1 == 1
+    }
+
+    #[test]
+    fn each_bit_is_its_own_and_sits_where_the_wire_layout_says() {
+        for i in 0..SACK_SPAN {
+            let mut b = SackBitmap::default();
+            b.set(i);
+            for j in 0..SACK_SPAN + 8 {
+                assert_eq!(b.has(j), i == j, "set {i}, has {j}");
+            }
+            assert!(word_bit(&b, i));
+            assert_eq!(b.0.iter().map(|w| w.count_ones()).sum::<u32>(), 1);
+            // One big-endian number: bit i is bit i % 8 of the (i / 8)-th byte from the end.
+            let p = SackPacketRepr {
+                bth: bth(3),
+                sack: SackRepr { msn: 9, bitmap: b },
+            };
+            let mut buf = [0u8; SACK_PACKET_LEN];
+            p.emit(&mut buf).unwrap();
+            let bitmap = &buf[BTH_LEN + 4..BTH_LEN + SACK_ETH_LEN];
+            let at = bitmap.len() - 1 - i as usize / 8;
+            for (k, &byte) in bitmap.iter().enumerate() {
+                let want = if k == at { 1u8 << (i % 8) } else { 0 };
+                assert_eq!(byte, want, "bit {i}, byte {k}");
+            }
+            assert_eq!(SackPacketRepr::parse(&buf), Ok(p));
+        }
+        let mut b = SackBitmap::default();
+        b.set(SACK_SPAN);
+        b.set(u32::MAX);
+        assert_eq!(b, SackBitmap::default(), "beyond the span: ignored");
+        assert!(!SackBitmap([u64::MAX; 8]).has(SACK_SPAN));
+    }
+
+    #[test]
+    fn first_n_sets_exactly_bits_below_n() {
+        for n in 0..SACK_SPAN + 70 {
+            let b = SackBitmap::first(n);
+            for i in 0..SACK_SPAN {
+                assert_eq!(word_bit(&b, i), i < n, "first({n}), bit {i}");
+            }
+        }
+        assert_eq!(SackBitmap::first(u32::MAX), SackBitmap([u64::MAX; 8]));
+    }
+
+    #[test]
+    fn reserved_byte_is_zero_on_emit_and_ignored_on_parse() {
+        let repr = SackRepr {
+            msn: 0xAB_CDEF,
+            bitmap: SackBitmap::first(3),
+        };
+        let mut bytes = [0x5Au8; SACK_ETH_LEN];
+        let mut eth = SackEth::new_checked(&mut bytes[..]).unwrap();
+        repr.emit(&mut eth);
+        assert_eq!(eth.reserved(), 0);
+        assert_eq!(repr.buffer_len(), SACK_ETH_LEN);
+        assert_eq!(SACK_ETH_LEN, 68);
+        assert_eq!(SACK_PACKET_LEN, BTH_LEN + 68 + ICRC_LEN);
+        bytes[0] = 0x5A;
+        let eth = SackEth::new_checked(&bytes[..]).unwrap();
+        assert_eq!(eth.reserved(), 0x5A);
+        assert_eq!((eth.msn(), eth.bitmap()), (0xAB_CDEF, SackBitmap::first(3)));
+        assert_eq!(SackRepr::parse(&eth), Ok(repr));
+        assert!(SackEth::new_checked(&bytes[..SACK_ETH_LEN - 1]).is_err());
+    }
+
+    #[test]
+    fn emit_forces_the_opcode_and_pad_and_zeroes_the_icrc_bytes_only() {
+        let p = SackPacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::Acknowledge,
+                pad_count: 3,
+                ..bth(0x12_3456)
+            },
+            sack: SackRepr {
+                msn: 1,
+                bitmap: SackBitmap::first(1),
+            },
+        };
+        let mut buf = [0xFFu8; SACK_PACKET_LEN + 2];
+        assert_eq!(p.emit(&mut buf), Ok(SACK_PACKET_LEN));
+        let parsed = SackPacketRepr::parse(&buf[..SACK_PACKET_LEN]).unwrap();
+        assert_eq!(parsed.bth.opcode, Opcode::from(SACK_OPCODE));
+        assert_eq!(parsed.bth.pad_count, 0);
+        assert_eq!(parsed.bth.psn, Psn::new(0x12_3456));
+        assert_eq!(parsed.sack, p.sack);
+        assert_eq!(buf[SACK_PACKET_LEN - ICRC_LEN..SACK_PACKET_LEN], [0; 4]);
+        assert_eq!(
+            buf[SACK_PACKET_LEN..],
+            [0xFF; 2],
+            "past the packet: untouched"
+        );
+        assert_eq!(
+            p.emit(&mut [0u8; SACK_PACKET_LEN - 1]),
+            Err(WireError::Truncated {
+                need: SACK_PACKET_LEN,
+                have: SACK_PACKET_LEN - 1
+            })
+        );
+    }
+
+    #[test]
+    fn parse_errors_name_the_lengths() {
+        let mut buf = [0u8; SACK_PACKET_LEN + 3];
+        let p = SackPacketRepr {
+            bth: bth(1),
+            sack: SackRepr {
+                msn: 0,
+                bitmap: SackBitmap::default(),
+            },
+        };
+        p.emit(&mut buf).unwrap();
+        assert_eq!(
+            SackPacketRepr::parse(&buf[..SACK_PACKET_LEN - 1]),
+            Err(WireError::Truncated {
+                need: SACK_PACKET_LEN,
+                have: SACK_PACKET_LEN - 1
+            })
+        );
+        assert_eq!(
+            SackPacketRepr::parse(&buf),
+            Err(WireError::UnexpectedPayload {
+                opcode: Opcode::from(SACK_OPCODE),
+                len: 3
+            })
+        );
+        assert!(SackPacketRepr::parse(&buf[..BTH_LEN - 1]).is_err());
+    }
 }

@@ -311,5 +311,69 @@ mod tests {
         .emit(&mut Aeth::new_unchecked(&mut out));
         assert_eq!(out, [0x1F, 0xAB, 0xCD, 0xEF]);
         assert!(Aeth::new_checked(&buf[..3]).is_err());
+        assert_eq!(repr.buffer_len(), AETH_LEN);
+    }
+
+    /// The rows of rc-transport.md §1.5 at their edges: the type in bits 6–5, the credit code,
+    /// RNR timer code or NAK code in bits 4–0, and bit 7 and type 10 reserved.
+    #[test]
+    fn syndrome_bytes_decode_by_the_spec_table() {
+        let ack = |c| Syndrome::Ack {
+            credits: Credits::from_code(c),
+        };
+        let rnr = |c| Syndrome::RnrNak {
+            timer: RnrTimer::from_code(c),
+        };
+        let rows = [
+            (0x00, ack(0)),
+            (0x05, ack(5)),
+            (0x1E, ack(30)),
+            (0x1F, Syndrome::ACK_UNLIMITED),
+            (0x20, rnr(0)),
+            (0x2C, rnr(12)),
+            (0x3F, rnr(31)),
+            (0x40, Syndrome::Reserved(0x40)),
+            (0x5F, Syndrome::Reserved(0x5F)),
+            (0x60, Syndrome::Nak(NakCode::PsnSequenceError)),
+            (0x61, Syndrome::Nak(NakCode::InvalidRequest)),
+            (0x62, Syndrome::Nak(NakCode::RemoteAccessError)),
+            (0x63, Syndrome::Nak(NakCode::RemoteOperationalError)),
+            (0x64, Syndrome::Nak(NakCode::InvalidRdRequest)),
+            (0x65, Syndrome::Nak(NakCode::Reserved(0x65))),
+            (0x7F, Syndrome::Nak(NakCode::Reserved(0x7F))),
+            (0x80, Syndrome::Reserved(0x80)),
+            (0x9F, Syndrome::Reserved(0x9F)),
+            (0xE1, Syndrome::Reserved(0xE1)),
+            (0xFF, Syndrome::Reserved(0xFF)),
+        ];
+        for (byte, syndrome) in rows {
+            assert_eq!(Syndrome::from(byte), syndrome, "{byte:#04x}");
+            assert_eq!(u8::from(syndrome), byte, "{syndrome:?}");
+            let mut out = [0xAA; 4];
+            AethRepr { syndrome, msn: 0 }.emit(&mut Aeth::new_unchecked(&mut out));
+            assert_eq!(out, [byte, 0, 0, 0]);
+        }
+        // A NAK code's byte keeps only its low 5 bits under type 11.
+        assert_eq!(u8::from(NakCode::Reserved(0xE5)), 0x65);
+    }
+
+    /// rc-transport.md §1.5: codes 0..=30 advertise the table's WQE counts, 31 is "invalid"
+    /// (no end-to-end flow control); a code is 5 bits.
+    #[test]
+    fn credit_codes_by_the_spec_table() {
+        let wqes = [
+            0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+            1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+        ];
+        for (code, n) in (0u8..).zip(wqes) {
+            let c = Credits::from_code(code | 0xE0);
+            assert_eq!(
+                (c.code(), c.wqes(), c.is_unlimited()),
+                (code, Some(n), false)
+            );
+        }
+        let c = Credits::from_code(0xFF);
+        assert_eq!((c.code(), c.wqes(), c), (31, None, Credits::UNLIMITED));
+        assert_eq!(RnrTimer::from_code(0xE5).code(), 5);
     }
 }

@@ -68,6 +68,7 @@ mod tests {
         let mut out = [0; 8];
         repr.emit(&mut AtomicAckEth::new_unchecked(&mut out));
         assert_eq!(out, bytes);
+        assert_eq!(repr.buffer_len(), bytes.len());
         assert!(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(&bytes[..7])).is_err());
     }
 }

@@ -127,6 +127,7 @@ mod tests {
         let mut out = [0; 28];
         repr.emit(&mut AtomicEth::new_unchecked(&mut out));
         assert_eq!(out, bytes);
+        assert_eq!(repr.buffer_len(), bytes.len());
         assert!(AtomicEth::new_checked(&bytes[..27]).is_err());
     }
 }

@@ -296,4 +296,136 @@ mod tests {
         );
         assert!(BthRepr::parse(&Bth::new_unchecked(&buf[..3])).is_err());
     }
+
+    /// Each BTH field at its place in rc-transport.md §1.2: a repr with only that field set
+    /// emits exactly those bits (everything else, reserved bits and TVer included, zero) and
+    /// parses back.
+    #[test]
+    fn each_field_at_its_spec_position() {
+        let zero = BthRepr {
+            opcode: Opcode::SendFirst,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: 0,
+            fecn: false,
+            becn: false,
+            dest_qp: 0,
+            ack_req: false,
+            psn: Psn::new(0),
+        };
+        let rows: [(BthRepr, usize, &[u8]); 11] = [
+            (zero, 0, &[]),
+            (
+                BthRepr {
+                    opcode: Opcode::FetchAdd,
+                    ..zero
+                },
+                0,
+                &[0x14],
+            ),
+            (
+                BthRepr {
+                    solicited: true,
+                    ..zero
+                },
+                1,
+                &[0x80],
+            ),
+            (
+                BthRepr {
+                    mig_req: true,
+                    ..zero
+                },
+                1,
+                &[0x40],
+            ),
+            (
+                BthRepr {
+                    pad_count: 2,
+                    ..zero
+                },
+                1,
+                &[0x20],
+            ),
+            (
+                BthRepr {
+                    pkey: 0x1234,
+                    ..zero
+                },
+                2,
+                &[0x12, 0x34],
+            ),
+            (BthRepr { fecn: true, ..zero }, 4, &[0x80]),
+            (BthRepr { becn: true, ..zero }, 4, &[0x40]),
+            (
+                BthRepr {
+                    dest_qp: 0xAB_CDEF,
+                    ..zero
+                },
+                5,
+                &[0xAB, 0xCD, 0xEF],
+            ),
+            (
+                BthRepr {
+                    ack_req: true,
+                    ..zero
+                },
+                8,
+                &[0x80],
+            ),
+            (
+                BthRepr {
+                    psn: Psn::new(0x12_3456),
+                    ..zero
+                },
+                9,
+                &[0x12, 0x34, 0x56],
+            ),
+        ];
+        for (repr, at, field) in rows {
+            let mut want = [0; BTH_LEN];
+            want[at..at + field.len()].copy_from_slice(field);
+            let mut buf = [0xFF; BTH_LEN];
+            repr.emit(&mut Bth::new_unchecked(&mut buf));
+            assert_eq!(buf, want, "{repr:?}");
+            assert_eq!(BthRepr::parse(&Bth::new_unchecked(&buf)), Ok(repr));
+            assert_eq!(repr.buffer_len(), BTH_LEN);
+        }
+    }
+
+    /// The view's bit-field setters change only their own bits, and setting a value twice
+    /// leaves it set (rc-transport.md §1.2 layout).
+    #[test]
+    fn setters_touch_only_their_own_bits() {
+        type Set = fn(&mut Bth<&mut [u8; BTH_LEN]>, u8);
+        // (setter, byte, the field's mask, a value, the bits it sets)
+        let fields: [(Set, usize, u8, u8, u8); 9] = [
+            (|b, v| b.set_solicited(v != 0), 1, 0x80, 1, 0x80),
+            (|b, v| b.set_mig_req(v != 0), 1, 0x40, 1, 0x40),
+            (|b, v| b.set_pad_count(v), 1, 0x30, 3, 0x30),
+            (|b, v| b.set_pad_count(v), 1, 0x30, 1, 0x10),
+            (|b, v| b.set_tver(v), 1, 0x0F, 0x0F, 0x0F),
+            (|b, v| b.set_tver(v), 1, 0x0F, 0x05, 0x05),
+            (|b, v| b.set_fecn(v != 0), 4, 0x80, 1, 0x80),
+            (|b, v| b.set_becn(v != 0), 4, 0x40, 1, 0x40),
+            (|b, v| b.set_ack_req(v != 0), 8, 0x80, 1, 0x80),
+        ];
+        for (set, at, mask, value, bits) in fields {
+            for start in [0x00, 0xFF] {
+                for (v, on) in [(value, bits), (0, 0)] {
+                    let mut buf = [start; BTH_LEN];
+                    let mut bth = Bth::new_unchecked(&mut buf);
+                    set(&mut bth, v);
+                    set(&mut bth, v);
+                    let mut want = [start; BTH_LEN];
+                    want[at] = (start & !mask) | on;
+                    assert_eq!(
+                        buf, want,
+                        "byte {at} mask {mask:#04x} value {v} on {start:#04x}"
+                    );
+                }
+            }
+        }
+    }
 }

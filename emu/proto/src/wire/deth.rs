@@ -77,10 +77,10 @@ mod tests {
 
     #[test]
     fn deconstruct_and_construct() {
-        let bytes = [0x80, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01];
+        let bytes = [0x80, 0x01, 0x00, 0x00, 0x00, 0xAB, 0xCD, 0xEF];
         let repr = DethRepr {
             qkey: 0x8001_0000,
-            src_qp: 1,
+            src_qp: 0xAB_CDEF,
         };
         assert_eq!(
             DethRepr::parse(&Deth::new_checked(&bytes[..]).unwrap()),
@@ -88,6 +88,14 @@ mod tests {
         );
         let mut out = [0xFF; 8];
         repr.emit(&mut Deth::new_unchecked(&mut out));
+        assert_eq!(out, bytes);
+        assert_eq!(repr.buffer_len(), bytes.len());
+        // Emit keeps only the low 24 bits of the source QP.
+        DethRepr {
+            src_qp: 0xFFAB_CDEF,
+            ..repr
+        }
+        .emit(&mut Deth::new_unchecked(&mut out));
         assert_eq!(out, bytes);
         assert!(Deth::new_checked(&bytes[..7]).is_err());
     }

@@ -64,6 +64,7 @@ mod tests {
         let mut out = [0; 4];
         repr.emit(&mut Ieth::new_unchecked(&mut out));
         assert_eq!(out, bytes);
+        assert_eq!(repr.buffer_len(), bytes.len());
         assert!(IethRepr::parse(&Ieth::new_unchecked(&bytes[..0])).is_err());
     }
 }

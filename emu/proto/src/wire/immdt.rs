@@ -67,6 +67,7 @@ mod tests {
         let mut out = [0; 4];
         repr.emit(&mut ImmDt::new_unchecked(&mut out));
         assert_eq!(out, bytes);
+        assert_eq!(repr.buffer_len(), bytes.len());
         assert!(ImmDt::new_checked(&bytes[..2]).is_err());
     }
 }

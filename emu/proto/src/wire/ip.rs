@@ -206,6 +206,7 @@ pub const fn udp_sport(lqpn: u32, rqpn: u32) -> u16 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -262,5 +263,98 @@ mod tests {
         assert_eq!(udp_sport(0x11, 0x12), 0xC132);
         assert_eq!(udp_sport(0x12, 0x11), 0xC132);
         assert!(udp_sport(0xFF_FFFF, 0xFF_FFFE) >= 0xC000);
+    }
+
+    /// RFC 791: the one's-complement sum of the whole IPv4 header, checksum included, is
+    /// 0xFFFF. The idents make the sum of the other words exactly 0xFFFF (checksum 0), and
+    /// need two end-around carries (checksum 0xFFFE).
+    #[test]
+    fn ipv4_checksum_folds_every_carry() {
+        let rows = [
+            (Ipv4Addr::UNSPECIFIED, 0x3AD2, [0x00, 0x00]),
+            (Ipv4Addr::BROADCAST, 0x3AD3, [0xFF, 0xFE]),
+        ];
+        for (addr, ident, csum) in rows {
+            let ctx = IpContext {
+                addrs: IpAddrs::V4 {
+                    src: addr,
+                    dst: addr,
+                    ident,
+                },
+                src_port: 0xC000,
+                dst_port: ROCE_V2_UDP_PORT,
+            };
+            let mut buf = [0; 28];
+            assert_eq!(ctx.emit_headers(0, &mut buf), Ok(28));
+            assert_eq!(buf[10..12], csum, "{addr} ident {ident:#06x}");
+            let mut sum: u32 = buf[..20]
+                .chunks(2)
+                .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+                .sum();
+            sum = (sum & 0xFFFF) + (sum >> 16);
+            sum = (sum & 0xFFFF) + (sum >> 16);
+            assert_eq!(sum, 0xFFFF, "{addr} ident {ident:#06x}");
+        }
+    }
+
+    /// rc-transport.md §1.1: IPv6 version 6, traffic class and flow label 0, payload length
+    /// 8 + UDP payload, next header 17, hop limit 64, then UDP with checksum 0.
+    #[test]
+    fn ipv6_headers_layout() {
+        let src = Ipv6Addr::new(0xFE80, 0, 0, 0, 0, 0, 0, 1);
+        let dst = Ipv6Addr::new(0xFE80, 0, 0, 0, 0, 0, 0, 2);
+        let ctx = IpContext::v6(src, dst, 0xC132);
+        assert_eq!(ctx.headers_len(), MAX_HEADERS_LEN);
+        assert_eq!(MAX_HEADERS_LEN, 48);
+        let mut buf = [0xAA; 64];
+        assert_eq!(ctx.emit_headers(32, &mut buf), Ok(48));
+        assert_eq!(buf[..8], [0x60, 0, 0, 0, 0x00, 0x28, 0x11, 0x40]);
+        assert_eq!(buf[8..24], src.octets());
+        assert_eq!(buf[24..40], dst.octets());
+        assert_eq!(buf[40..48], [0xC1, 0x32, 0x12, 0xB7, 0x00, 0x28, 0, 0]);
+        assert_eq!(buf[48..], [0xAA; 16], "nothing written past the headers");
+        let v4 = IpContext::v4(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, 0xC132);
+        assert_eq!(v4.headers_len(), 28);
+    }
+
+    #[test]
+    fn context_between_two_sockets() {
+        let a4: SocketAddr = "10.0.0.1:49152".parse().unwrap();
+        let b4: SocketAddr = "10.0.0.2:4791".parse().unwrap();
+        let a6: SocketAddr = "[fe80::1]:50000".parse().unwrap();
+        let b6: SocketAddr = "[fe80::2]:4791".parse().unwrap();
+        assert_eq!(
+            IpContext::between(a4, b4),
+            Some(IpContext::v4(
+                Ipv4Addr::new(10, 0, 0, 1),
+                Ipv4Addr::new(10, 0, 0, 2),
+                49152
+            ))
+        );
+        let v6 = IpContext::between(b6, a6).unwrap();
+        assert_eq!(
+            v6.addrs,
+            IpAddrs::V6 {
+                src: "fe80::2".parse().unwrap(),
+                dst: "fe80::1".parse().unwrap()
+            }
+        );
+        assert_eq!((v6.src_port, v6.dst_port), (4791, 50000));
+        assert_eq!(IpContext::between(a4, b6), None);
+        assert_eq!(IpContext::between(a6, b4), None);
+    }
+
+    /// rc-transport.md §1.9 with flow label 0, for QPN products that reach the `>> 20` and
+    /// `>> 40` folds (values from the formula there).
+    #[test]
+    fn sport_folds_high_bits() {
+        for (l, r, sport) in [
+            (0x1234, 0x5678, 0xC01A),
+            (0xAB_CDEF, 0x12_3456, 0xC3C8),
+            (0xFF_FFFF, 0xFF_FFFE, 0xFF12),
+        ] {
+            assert_eq!(udp_sport(l, r), sport, "{l:#x} x {r:#x}");
+            assert_eq!(udp_sport(r, l), sport, "{r:#x} x {l:#x}");
+        }
     }
 }

@@ -547,4 +547,159 @@ mod tests {
         assert!(!u.is_request() && !u.is_response() && !u.has_payload());
         assert_eq!(u.position(), None);
     }
+
+    /// Every RC row of rc-transport.md §1.3: value, name, extension headers in wire order,
+    /// message position (§3.1), kind and the "RWR" / "COMP" notes under the table. Kinds:
+    /// `S` SEND, `W` RDMA WRITE, `R` READ request, `r` READ response, `A` ACKNOWLEDGE,
+    /// `a` atomic request, `k` ATOMIC_ACKNOWLEDGE.
+    #[rustfmt::skip]
+    const SPEC: [(u8, &str, &str, Position, char, bool, bool); 23] = {
+        use Position::{First as F, Last as L, Middle as M, Only as O};
+        [
+            (0x00, "SEND_FIRST", "", F, 'S', true, false),
+            (0x01, "SEND_MIDDLE", "", M, 'S', false, false),
+            (0x02, "SEND_LAST", "", L, 'S', false, true),
+            (0x03, "SEND_LAST_WITH_IMMEDIATE", "ImmDt", L, 'S', false, true),
+            (0x04, "SEND_ONLY", "", O, 'S', true, true),
+            (0x05, "SEND_ONLY_WITH_IMMEDIATE", "ImmDt", O, 'S', true, true),
+            (0x06, "RDMA_WRITE_FIRST", "RETH", F, 'W', false, false),
+            (0x07, "RDMA_WRITE_MIDDLE", "", M, 'W', false, false),
+            (0x08, "RDMA_WRITE_LAST", "", L, 'W', false, false),
+            (0x09, "RDMA_WRITE_LAST_WITH_IMMEDIATE", "ImmDt", L, 'W', true, true),
+            (0x0A, "RDMA_WRITE_ONLY", "RETH", O, 'W', false, false),
+            (0x0B, "RDMA_WRITE_ONLY_WITH_IMMEDIATE", "RETH ImmDt", O, 'W', true, true),
+            (0x0C, "RDMA_READ_REQUEST", "RETH", O, 'R', false, false),
+            (0x0D, "RDMA_READ_RESPONSE_FIRST", "AETH", F, 'r', false, false),
+            (0x0E, "RDMA_READ_RESPONSE_MIDDLE", "", M, 'r', false, false),
+            (0x0F, "RDMA_READ_RESPONSE_LAST", "AETH", L, 'r', false, false),
+            (0x10, "RDMA_READ_RESPONSE_ONLY", "AETH", O, 'r', false, false),
+            (0x11, "ACKNOWLEDGE", "AETH", O, 'A', false, false),
+            (0x12, "ATOMIC_ACKNOWLEDGE", "AETH AtomicAckETH", O, 'k', false, false),
+            (0x13, "COMPARE_SWAP", "AtomicETH", O, 'a', false, false),
+            (0x14, "FETCH_ADD", "AtomicETH", O, 'a', false, false),
+            (0x16, "SEND_LAST_WITH_INVALIDATE", "IETH", L, 'S', false, true),
+            (0x17, "SEND_ONLY_WITH_INVALIDATE", "IETH", O, 'S', true, true),
+        ]
+    };
+
+    /// The header set a §1.3 "Extension headers" cell names.
+    fn headers(cell: &str) -> ExtHeaders {
+        let mut h = NONE;
+        for name in cell.split_whitespace() {
+            match name {
+                "RETH" => h.reth = true,
+                "AETH" => h.aeth = true,
+                "AtomicETH" => h.atomic_eth = true,
+                "AtomicAckETH" => h.atomic_ack_eth = true,
+                "ImmDt" => h.immdt = true,
+                "IETH" => h.ieth = true,
+                _ => panic!("unknown header {name}"),
+            }
+        }
+        h
+    }
+
+    #[test]
+    fn every_rc_opcode_matches_the_spec_table() {
+        for (i, (v, name, cell, pos, kind, rwr, comp)) in SPEC.into_iter().enumerate() {
+            let op = Opcode::from(v);
+            assert_eq!(op, ALL_RC[i], "{name}");
+            assert_eq!((u8::from(op), op.name()), (v, name));
+            assert_eq!(Opcode::from_name(name), Some(op));
+            let h = headers(cell);
+            assert_eq!(op.ext_headers(), Some(h), "{name}");
+            assert_eq!(h.is_empty(), cell.is_empty(), "{name}");
+            assert_eq!(op.position(), Some(pos), "{name}");
+            assert_eq!(
+                op.is_last_or_only(),
+                matches!(pos, Position::Last | Position::Only)
+            );
+            let request = matches!(kind, 'S' | 'W' | 'R' | 'a');
+            let got = [
+                op.is_send(),
+                op.is_write(),
+                op.is_read_response(),
+                op.is_ack(),
+                op.is_atomic(),
+                op.is_request(),
+                op.may_request_ack(),
+                op.is_response(),
+                op.has_payload(),
+                op.consumes_recv_wqe(),
+                op.generates_recv_completion(),
+                op.is_unknown(),
+            ];
+            let want = [
+                kind == 'S',
+                kind == 'W',
+                kind == 'r',
+                kind == 'A',
+                matches!(kind, 'a' | 'k'),
+                request,
+                request,
+                !request,
+                matches!(kind, 'S' | 'W' | 'r'),
+                rwr,
+                comp,
+                false,
+            ];
+            assert_eq!(
+                got, want,
+                "{name}: send write read_response ack atomic request may_ack response payload rwr comp unknown"
+            );
+        }
+    }
+
+    #[test]
+    fn non_rc_bytes_are_unknown_with_no_properties() {
+        for v in (0x18..=0xFF).chain([0x15]) {
+            let op = Opcode::from(v);
+            assert_eq!(op, Opcode::Unknown(v));
+            assert!(op.is_unknown());
+            assert_eq!(op.name(), "UNKNOWN");
+            assert_eq!(
+                (op.ext_headers(), op.header_len(), op.position()),
+                (None, None, None)
+            );
+            let flags = [
+                op.is_send(),
+                op.is_write(),
+                op.is_read_response(),
+                op.is_ack(),
+                op.is_atomic(),
+                op.is_request(),
+                op.may_request_ack(),
+                op.is_response(),
+                op.has_payload(),
+                op.consumes_recv_wqe(),
+                op.generates_recv_completion(),
+                op.is_last_or_only(),
+            ];
+            assert_eq!(flags, [false; 12], "{v:#04x}");
+        }
+    }
+
+    /// rc-transport.md §1.4: each extension header's size, alone and summed.
+    #[test]
+    fn extension_header_lengths() {
+        let sizes = [
+            ("RETH", 16),
+            ("AETH", 4),
+            ("AtomicETH", 28),
+            ("AtomicAckETH", 8),
+            ("ImmDt", 4),
+            ("IETH", 4),
+        ];
+        assert_eq!((NONE.len(), NONE.is_empty()), (0, true));
+        let mut all = String::new();
+        for (name, len) in sizes {
+            assert_eq!(
+                (headers(name).len(), headers(name).is_empty()),
+                (len, false),
+                "{name}"
+            );
+            all = all + " " + name;
+        }
+        assert_eq!(headers(&all).len(), 64);
+    }
 }

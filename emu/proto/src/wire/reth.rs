@@ -109,6 +109,7 @@ mod tests {
         let mut out = [0; 16];
         REPR.emit(&mut Reth::new_unchecked(&mut out));
         assert_eq!(out, BYTES);
+        assert_eq!(REPR.buffer_len(), BYTES.len());
         assert_eq!(
             RethRepr::parse(&Reth::new_unchecked(&BYTES[..15])),
             Err(WireError::Truncated { need: 16, have: 15 })

@@ -1,0 +1,96 @@
+//! Selective repeat's early placement at the responder (`rc::responder::place_early`, the
+//! module docs of `rc::sr`): a WRITE packet held past a PSN gap lands in memory on arrival only
+//! if it passes the checks the in-order stages would make — the QP grants REMOTE_WRITE, its
+//! bytes fit the message its RETH opened, and the MR still grants the message. A packet that
+//! fails one is held unplaced (the in-order stages decide once the gap fills).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{ALL_ACCESS, Dir, Opts, Pair, bth};
+use emu_proto::wire::{Opcode, PacketRepr, RethRepr};
+use verbs_api::{AccessFlags, Recovery};
+
+use Opcode::*;
+
+/// a's first PSN (b's expected PSN) with the default options.
+const P: u32 = 0x100;
+/// Where the crafted WRITEs land in b's MR.
+const AT: u64 = 4096;
+
+fn sr_pair(b_access: AccessFlags) -> Pair {
+    Pair::with(Opts {
+        recovery: Recovery::SelectiveRepeat,
+        b_access,
+        ..Opts::default()
+    })
+}
+
+/// Hands b a crafted WRITE packet from a: `op` at `psn` with `len` bytes of `fill`, and a RETH
+/// of `dma_len` bytes at [`AT`] if `dma_len` is given.
+fn write_pkt(p: &mut Pair, op: Opcode, psn: u32, len: usize, fill: u8, dma_len: Option<u32>) {
+    let payload = vec![fill; len];
+    let repr = PacketRepr {
+        reth: dma_len.map(|dma_len| RethRepr {
+            va: p.b.va(AT),
+            rkey: p.b.mr.rkey,
+            dma_len,
+        }),
+        ..PacketRepr::new(bth(op, p.b.qpn, psn, false), &payload)
+    };
+    let pkt = p.craft(Dir::AtoB, &repr);
+    p.inject_pkt(&pkt);
+}
+
+/// §4.3 check_op_valid: a QP without REMOTE_WRITE does not place a WRITE held past a gap.
+#[test]
+fn write_past_a_gap_is_not_placed_without_the_qps_remote_write_right() {
+    let mut p = sr_pair(ALL_ACCESS - AccessFlags::REMOTE_WRITE);
+    write_pkt(&mut p, RdmaWriteOnly, P + 1, 64, 0xAB, Some(64));
+    assert_eq!(p.b.stats().sr_placed_early, 0);
+    assert_eq!(p.b.read(&p.b.mr, AT, 64), vec![0; 64]);
+    // The same packet at a QP that grants the right is placed.
+    let mut p = sr_pair(ALL_ACCESS);
+    write_pkt(&mut p, RdmaWriteOnly, P + 1, 64, 0xAB, Some(64));
+    assert_eq!(p.b.stats().sr_placed_early, 1);
+    assert_eq!(p.b.read(&p.b.mr, AT, 64), vec![0xAB; 64]);
+}
+
+/// §1.7: a packet held past a gap whose bytes would run past the RETH length of the message
+/// open in order is not placed: no byte outside the message's range is written.
+#[test]
+fn write_past_a_gap_running_past_its_reth_length_is_not_placed() {
+    let mut p = sr_pair(ALL_ACCESS);
+    // A 600-byte WRITE opens in order (FIRST, 256 bytes); P+1 is missing; a MIDDLE at P+2
+    // would cover bytes 512..768, past the 600 the RETH granted.
+    write_pkt(&mut p, RdmaWriteFirst, P, 256, 0x11, Some(600));
+    write_pkt(&mut p, RdmaWriteMiddle, P + 2, 256, 0x33, None);
+    assert_eq!(p.b.stats().sr_placed_early, 0);
+    assert_eq!(p.b.read(&p.b.mr, AT, 256), vec![0x11; 256]);
+    assert_eq!(p.b.read(&p.b.mr, AT + 256, 512), vec![0; 512]);
+    // The LAST that does fit (88 bytes at 512) is placed.
+    let mut p = sr_pair(ALL_ACCESS);
+    write_pkt(&mut p, RdmaWriteFirst, P, 256, 0x11, Some(600));
+    write_pkt(&mut p, RdmaWriteLast, P + 2, 88, 0x33, None);
+    assert_eq!(p.b.stats().sr_placed_early, 1);
+    assert_eq!(p.b.read(&p.b.mr, AT + 512, 88), vec![0x33; 88]);
+}
+
+/// §4.4: a packet held past a gap is not placed once the MR its message opened in has been
+/// deregistered.
+#[test]
+fn write_past_a_gap_is_not_placed_after_its_mr_is_deregistered() {
+    for dereg in [false, true] {
+        let mut p = sr_pair(ALL_ACCESS);
+        write_pkt(&mut p, RdmaWriteFirst, P, 256, 0x11, Some(768));
+        if dereg {
+            let lkey = p.b.mr.lkey;
+            p.b.hca.dereg_mr(lkey).unwrap();
+        }
+        write_pkt(&mut p, RdmaWriteLast, P + 2, 256, 0x33, None);
+        let placed = !dereg;
+        assert_eq!(p.b.stats().sr_placed_early, u64::from(placed));
+        let want = if placed { 0x33 } else { 0 };
+        assert_eq!(p.b.read(&p.b.mr, AT + 512, 256), vec![want; 256]);
+    }
+}

@@ -3381,3 +3381,102 @@ fn responder_counts_requests_and_responses() {
         "(rcvd_pkts, rcvd_bytes, sent_pkts, sent_bytes, acks_sent)"
     );
 }
+
+/// §4.3: a receive WQE with an SGE whose L_Key is bad is malformed (class A) even where the
+/// message would fit in its good SGEs: NAK 0x63 (remote operational error), the receive
+/// completes with LOC_PROT_ERR (DIVERGENCES.md #4), the requester's WR with REM_OP_ERR.
+#[test]
+fn receive_wqe_with_a_bad_sge_fails_with_remote_operational_error() {
+    let mut p = Pair::new();
+    let good = p.b.at(0, 64);
+    let bad = verbs_api::Sge {
+        lkey: p.b.mr.lkey ^ 0x100,
+        ..p.b.at(64, 64)
+    };
+    p.b.post_recv(1, &[good, bad]);
+    let s = p.a.at(0, 8);
+    p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
+    assert!(p.run_until_idle());
+    let nak = only_nak(&p);
+    assert_eq!(
+        (nak_of(&nak), nak.psn),
+        (Some(NakCode::RemoteOperationalError), P)
+    );
+    assert_eq!(statuses(&p.b.recv_wcs()), [(1, WcStatus::LocProtErr)]);
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::RemOpErr)]);
+    assert_eq!((p.a.state(), p.b.state()), (QpState::Err, QpState::Err));
+    assert_eq!(p.b.read(&p.b.mr, 0, 8), vec![0; 8], "nothing placed");
+}
+
+/// A zero-length SGE of a receive WQE takes no bytes, so its L_Key is not checked; the
+/// message lands in the other SGEs.
+#[test]
+fn zero_length_receive_sge_is_not_checked() {
+    let mut p = Pair::new();
+    let empty = verbs_api::Sge {
+        addr: 0,
+        length: 0,
+        lkey: 0x0bad_0000,
+    };
+    let good = p.b.at(128, 64);
+    p.b.post_recv(1, &[empty, good]);
+    let data = pattern(8, 6);
+    p.a.write(&p.a.mr, 0, &data);
+    let s = p.a.at(0, 8);
+    p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
+    assert!(p.run_until_idle());
+    assert_eq!(
+        brief(&p.b.recv_wcs()),
+        [(1, WcStatus::Success, WcOpcode::Recv, 8)]
+    );
+    assert_eq!(p.b.read(&p.b.mr, 128, 8), data);
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
+}
+
+/// §4.3: a SEND exactly as long as its receive WQE's SGEs together fits (one byte more is
+/// LOC_LEN_ERR, `receive_buffer_too_small_loc_len_err`), scattered in SGE order.
+#[test]
+fn send_exactly_filling_the_receive_sges_succeeds() {
+    let mut p = Pair::new();
+    let (r1, r2) = (p.b.at(0, 200), p.b.at(1000, 100));
+    p.b.post_recv(1, &[r1, r2]);
+    let data = pattern(300, 7);
+    p.a.write(&p.a.mr, 0, &data);
+    let s = p.a.at(0, 300);
+    p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
+    assert!(p.run_until_idle());
+    assert_eq!(
+        brief(&p.b.recv_wcs()),
+        [(1, WcStatus::Success, WcOpcode::Recv, 300)]
+    );
+    assert_eq!(p.b.read(&p.b.mr, 0, 200), data[..200]);
+    assert_eq!(p.b.read(&p.b.mr, 1000, 100), data[200..]);
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
+}
+
+/// stats.rs: a READ response the responder cannot build (its MR deregistered under it)
+/// counts in `dropped`; the NAK sent instead counts as a packet sent.
+#[test]
+fn read_response_that_cannot_be_built_counts_as_dropped() {
+    let mut p = Pair::new();
+    let (va, rkey) = (p.b.va(0), p.b.mr.rkey);
+    let d = p.a.at(0, 512);
+    p.post_a(&[SendWr::new(
+        1,
+        SendOp::RdmaRead {
+            remote_addr: va,
+            rkey,
+        },
+        &[d],
+    )]);
+    p.transmit();
+    p.deliver();
+    let lkey = p.b.mr.lkey;
+    p.b.hca.dereg_mr(lkey).unwrap();
+    assert!(p.run_until_idle());
+    let back = p.seen(Dir::BtoA);
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(nak_of(&back[0]), Some(NakCode::RemoteAccessError));
+    let st = p.b.stats();
+    assert_eq!((st.dropped, st.sent_pkts, st.sent_bytes), (1, 1, 0));
+}

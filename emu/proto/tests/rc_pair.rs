@@ -3480,3 +3480,63 @@ fn read_response_that_cannot_be_built_counts_as_dropped() {
     let st = p.b.stats();
     assert_eq!((st.dropped, st.sent_pkts, st.sent_bytes), (1, 1, 0));
 }
+
+/// At the largest path MTU (4096) every packet still fits the transmit buffer
+/// (`MAX_PACKET_LEN`): a full-MTU SEND, WRITE_WITH_IMM (BTH, RETH and ImmDt) and READ
+/// response go out whole and complete.
+#[test]
+fn full_4096_byte_packets_fit_the_transmit_buffer() {
+    let mut p = Pair::with(Opts {
+        mtu: verbs_api::Mtu::Mtu4096,
+        ..Opts::default()
+    });
+    let data = pattern(4096, 8);
+    p.a.write(&p.a.mr, 0, &data);
+    p.b.write(&p.b.mr, 8192, &data);
+    for id in [1, 2] {
+        p.b.post_recv(id, &[p.b.at(0, 4096)]);
+    }
+    let s = p.a.at(0, 4096);
+    let d = p.a.at(16384, 4096);
+    let rkey = p.b.mr.rkey;
+    p.post_a(&[
+        SendWr::new(1, SendOp::Send, &[s]),
+        SendWr::new(
+            2,
+            SendOp::RdmaWriteWithImm {
+                remote_addr: p.b.va(24576),
+                rkey,
+                imm: 1,
+            },
+            &[s],
+        ),
+        SendWr::new(
+            3,
+            SendOp::RdmaRead {
+                remote_addr: p.b.va(8192),
+                rkey,
+            },
+            &[d],
+        ),
+    ]);
+    assert!(p.run_until_idle());
+    assert_eq!(
+        opls(&p.seen(Dir::AtoB)),
+        [
+            (SendOnly, P, 4096),
+            (RdmaWriteOnlyWithImmediate, P + 1, 4096),
+            (RdmaReadRequest, P + 2, 0)
+        ]
+    );
+    assert_eq!(
+        statuses(&p.a.send_wcs()),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    assert_eq!(p.b.read(&p.b.mr, 0, 4096), data);
+    assert_eq!(p.b.read(&p.b.mr, 24576, 4096), data);
+    assert_eq!(p.a.read(&p.a.mr, 16384, 4096), data);
+}

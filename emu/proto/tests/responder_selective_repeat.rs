@@ -1,14 +1,20 @@
-//! Selective repeat's early placement at the responder (`rc::responder::place_early`, the
-//! module docs of `rc::sr`): a WRITE packet held past a PSN gap lands in memory on arrival only
-//! if it passes the checks the in-order stages would make — the QP grants REMOTE_WRITE, its
-//! bytes fit the message its RETH opened, and the MR still grants the message. A packet that
-//! fails one is held unplaced (the in-order stages decide once the gap fills).
+//! The responder under selective repeat (the module docs of `rc::sr`), packet by packet with
+//! crafted requests:
+//!
+//! * early placement (`rc::responder::place_early`): a WRITE packet held past a PSN gap lands
+//!   in memory on arrival only if it passes the checks the in-order stages would make — the QP
+//!   grants REMOTE_WRITE, its bytes fit the message its RETH opened, and the MR still grants
+//!   the message. A packet that fails one is held unplaced (the in-order stages decide once the
+//!   gap fills);
+//! * draining (`rc::responder::drain_held`): when the gap fills, the held requests run in PSN
+//!   order, and a selective ACK reports what is still held, or what ran without an ACK of its
+//!   own.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use common::{ALL_ACCESS, Dir, Opts, Pair, bth};
-use emu_proto::wire::{Opcode, PacketRepr, RethRepr};
+use emu_proto::wire::{Opcode, PacketRepr, RethRepr, SackBitmap};
 use verbs_api::{AccessFlags, Recovery};
 
 use Opcode::*;
@@ -93,4 +99,72 @@ fn write_past_a_gap_is_not_placed_after_its_mr_is_deregistered() {
         let want = if placed { 0x33 } else { 0 };
         assert_eq!(p.b.read(&p.b.mr, AT + 512, 256), vec![want; 256]);
     }
+}
+
+/// Hands b a crafted SEND packet from a: `op` at `psn`, one MTU (256 bytes) of `psn`'s low
+/// byte, AckReq as given.
+fn send_pkt(p: &mut Pair, op: Opcode, psn: u32, ack_req: bool) {
+    let payload = [psn as u8; 256];
+    let repr = PacketRepr::new(bth(op, p.b.qpn, psn, ack_req), &payload);
+    let pkt = p.craft(Dir::AtoB, &repr);
+    p.inject_pkt(&pkt);
+}
+
+/// What b sent since trace index `from`: (opcode, PSN, selective ACK bitmap).
+fn answers(p: &Pair, from: usize) -> Vec<(Opcode, u32, Option<SackBitmap>)> {
+    p.seen_since(from, Dir::BtoA)
+        .iter()
+        .map(|s| (s.op, s.psn, s.sack))
+        .collect()
+}
+
+fn bitmap(offsets: &[u32]) -> Option<SackBitmap> {
+    let mut b = SackBitmap::default();
+    for &o in offsets {
+        b.set(o);
+    }
+    Some(b)
+}
+
+/// The gap fills and every held request runs, the last without AckReq: a selective ACK for the
+/// new ePSN reports that they ran (the requester learns it before the message's ACK).
+#[test]
+fn drained_requests_without_an_ack_are_reported_by_a_selective_ack() {
+    let mut p = sr_pair(ALL_ACCESS);
+    p.b.post_recv(1, &[p.b.at(0, 4096)]);
+    send_pkt(&mut p, SendFirst, P, false);
+    send_pkt(&mut p, SendMiddle, P + 1, false);
+    send_pkt(&mut p, SendMiddle, P + 3, false);
+    send_pkt(&mut p, SendMiddle, P + 4, false);
+    p.transmit();
+    let sack = Opcode::Unknown(emu_proto::wire::SACK_OPCODE);
+    assert_eq!(answers(&p, 0), [(sack, P + 2, bitmap(&[0, 1]))]);
+    let from = p.trace.len();
+    send_pkt(&mut p, SendMiddle, P + 2, false);
+    p.transmit();
+    assert_eq!(answers(&p, from), [(sack, P + 5, bitmap(&[]))]);
+    assert_eq!(p.b.read(&p.b.mr, 4 * 256, 256), vec![(P + 4) as u8; 256]);
+}
+
+/// The gap fills, the held requests run up to the next gap, and the last one that ran asked
+/// for an ACK: the ACK goes, then a selective ACK for what is still held past the new gap.
+#[test]
+fn drain_stopping_at_another_gap_reports_what_is_still_held() {
+    let mut p = sr_pair(ALL_ACCESS);
+    p.b.post_recv(1, &[p.b.at(0, 4096)]);
+    send_pkt(&mut p, SendFirst, P, false);
+    send_pkt(&mut p, SendMiddle, P + 2, true);
+    send_pkt(&mut p, SendMiddle, P + 4, false);
+    p.transmit();
+    let from = p.trace.len();
+    send_pkt(&mut p, SendMiddle, P + 1, false);
+    p.transmit();
+    let sack = Opcode::Unknown(emu_proto::wire::SACK_OPCODE);
+    assert_eq!(
+        answers(&p, from),
+        [
+            (Opcode::Acknowledge, P + 2, None),
+            (sack, P + 3, bitmap(&[0]))
+        ]
+    );
 }

@@ -82,6 +82,18 @@ fn write_past_a_gap_running_past_its_reth_length_is_not_placed() {
     assert_eq!(p.b.read(&p.b.mr, AT + 512, 88), vec![0x33; 88]);
 }
 
+/// A packet held past a gap is placed when its bytes reach exactly to the end of the range its
+/// RETH names: a FIRST as long as its RETH length lands on arrival, before the gap fills.
+#[test]
+fn write_past_a_gap_filling_its_reth_length_exactly_is_placed() {
+    for (op, len) in [(RdmaWriteFirst, 256), (RdmaWriteOnly, 100)] {
+        let mut p = sr_pair(ALL_ACCESS);
+        write_pkt(&mut p, op, P + 1, len, 0x5A, Some(len as u32));
+        assert_eq!(p.b.stats().sr_placed_early, 1, "{op:?}");
+        assert_eq!(p.b.read(&p.b.mr, AT, len), vec![0x5A; len], "{op:?}");
+    }
+}
+
 /// §4.4: a packet held past a gap is not placed once the MR its message opened in has been
 /// deregistered.
 #[test]

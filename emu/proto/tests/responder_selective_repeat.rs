@@ -180,3 +180,33 @@ fn drain_stopping_at_another_gap_reports_what_is_still_held() {
         ]
     );
 }
+
+/// §4.3, §4.4: selective repeat changes nothing for an in-order request that fails: a WRITE at
+/// ePSN with a bad R_Key draws NAK 0x62 and moves the QP to ERR, as in IBTA mode.
+#[test]
+fn in_order_request_that_fails_moves_the_qp_to_err() {
+    let mut p = sr_pair(ALL_ACCESS);
+    let repr = PacketRepr {
+        reth: Some(RethRepr {
+            va: p.b.va(AT),
+            rkey: p.b.mr.rkey ^ 0x100,
+            dma_len: 8,
+        }),
+        ..PacketRepr::new(bth(RdmaWriteOnly, p.b.qpn, P, true), &[1; 8])
+    };
+    let pkt = p.craft(Dir::AtoB, &repr);
+    p.inject_pkt(&pkt);
+    p.transmit();
+    let back = p.seen(Dir::BtoA);
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(
+        (back[0].syndrome, back[0].psn),
+        (
+            Some(emu_proto::wire::Syndrome::Nak(
+                emu_proto::wire::NakCode::RemoteAccessError
+            )),
+            P
+        )
+    );
+    assert_eq!(p.b.state(), verbs_api::QpState::Err);
+}

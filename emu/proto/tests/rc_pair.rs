@@ -3231,7 +3231,9 @@ fn duplicate_read_is_answered_only_within_the_original_request() {
         [(1, WcStatus::Success), (2, WcStatus::Success)]
     );
     let q = P + 1;
-    let cases: [(&str, u32, u64, u32, u32, Vec<(Opcode, u32, usize)>); 8] = [
+    /// (case, PSN, VA, length, R_Key, the responses b sends).
+    type Case = (&'static str, u32, u64, u32, u32, Vec<(Opcode, u32, usize)>);
+    let cases: [Case; 8] = [
         (
             "the same READ",
             q,

@@ -2868,3 +2868,677 @@ fn model_rnr_every_rnr_nak_costs_a_retry_even_stale_or_duplicated() {
     assert_eq!(p.a.state(), QpState::Err);
     assert_eq!(p.held(), 1, "only the repeated sequence NAK is left");
 }
+
+// ---- the responder's rules, one at a time ------------------------------------------------
+
+/// Walks `node`'s QP (from any state, through RESET) to RTS towards `peer_qpn` at `peer_ip`,
+/// with the default options' attributes.
+fn reconnect(node: &mut Node, peer_ip: Ipv4Addr, peer_qpn: u32, sq_psn: u32, rq_psn: u32) {
+    let o = Opts::default();
+    let attr = QpAttr {
+        qp_state: QpState::Reset,
+        port_num: 1,
+        qp_access_flags: o.a_access,
+        path_mtu: o.mtu,
+        dest_qp_num: peer_qpn,
+        rq_psn,
+        sq_psn,
+        max_dest_rd_atomic: o.max_dest_rd_atomic,
+        max_rd_atomic: o.max_rd_atomic,
+        min_rnr_timer: o.min_rnr_timer,
+        timeout: o.timeout,
+        retry_cnt: o.retry_cnt,
+        rnr_retry: o.rnr_retry,
+        ah_attr: verbs_api::AhAttr {
+            dgid: verbs_api::Gid::from_ip(peer_ip.into()),
+            udp_dport: common::PORT,
+            ..verbs_api::AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    let now = Instant::ZERO;
+    if node.state() != QpState::Reset {
+        node.modify(now, &attr, QpAttrMask::STATE).unwrap();
+    }
+    for (state, mask) in [
+        (QpState::Init, connect::INIT_MASK),
+        (QpState::Rtr, connect::RTR_MASK),
+        (QpState::Rts, connect::RTS_MASK),
+    ] {
+        let attr = QpAttr {
+            qp_state: state,
+            ..attr
+        };
+        node.modify(now, &attr, mask).unwrap();
+    }
+}
+
+/// A pair whose b QP receives through an SRQ (8 WQEs deep): b gets a new QP on a new SRQ, and
+/// a's QP is reconnected to it.
+fn srq_pair() -> (Pair, emu_proto::SrqId) {
+    let mut p = Pair::new();
+    let attr = verbs_api::SrqAttr {
+        max_wr: 8,
+        max_sge: 2,
+        srq_limit: 0,
+    };
+    let srq = p.b.hca.create_srq(p.b.pd, &attr).unwrap();
+    let init = verbs_api::QpInitAttr::rc(p.opts.cap);
+    let (pd, scq, rcq) = (p.b.pd, p.b.scq, p.b.rcq);
+    p.b.qpn = p.b.hca.create_qp(pd, scq, rcq, Some(srq), &init).unwrap();
+    let (a_qpn, b_qpn) = (p.a.qpn, p.b.qpn);
+    reconnect(
+        &mut p.b,
+        Ipv4Addr::new(127, 0, 0, 1),
+        a_qpn,
+        p.opts.b_psn,
+        P,
+    );
+    reconnect(
+        &mut p.a,
+        Ipv4Addr::new(127, 0, 0, 2),
+        b_qpn,
+        P,
+        p.opts.b_psn,
+    );
+    (p, srq)
+}
+
+/// `ibv_modify_srq(3)` / IBTA o11-5.2.x: an armed SRQ limit raises SRQ_LIMIT_REACHED once, when
+/// a receive taken from the SRQ leaves fewer WQEs than the limit, and disarms it.
+#[test]
+fn srq_limit_event_fires_once_when_the_srq_falls_below_the_limit() {
+    let (mut p, srq) = srq_pair();
+    for id in 1..=4 {
+        let sge = [p.b.at(id * 64, 64)];
+        p.b.hca
+            .post_srq_recv(srq, &[verbs_api::RecvWr::new(id, &sge)])
+            .unwrap();
+    }
+    p.b.hca.arm_srq_limit(srq, 2).unwrap();
+    let s = p.a.at(0, 8);
+    let mut fired = Vec::new();
+    for id in 1..=4 {
+        p.post_a(&[SendWr::new(id, SendOp::Send, &[s])]);
+        assert!(p.run_until_idle());
+        let left = 4 - id;
+        let kinds: Vec<_> = p.b.events().iter().map(|e| (e.kind, e.element)).collect();
+        if !kinds.is_empty() {
+            fired.push((left, kinds));
+        }
+    }
+    assert_eq!(
+        fired,
+        [(
+            1,
+            vec![(AsyncEventKind::SrqLimitReached, EventElement::Srq(srq.0))]
+        )],
+        "(WQEs left, events) after each SEND"
+    );
+    assert_eq!(p.b.hca.query_srq(srq).unwrap().srq_limit, 0, "disarmed");
+    let rwc = p.b.recv_wcs();
+    assert_eq!(
+        statuses(&rwc),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success),
+            (4, WcStatus::Success)
+        ]
+    );
+}
+
+/// §1.3 check_resource through an SRQ: a WRITE_WITH_IMM needs a WQE of the SRQ; with none
+/// posted it draws an RNR NAK, and once one is posted the retry completes it.
+#[test]
+fn write_with_imm_takes_its_receive_wqe_from_the_srq() {
+    let (mut p, srq) = srq_pair();
+    let data = pattern(100, 9);
+    p.a.write(&p.a.mr, 0, &data);
+    let s = p.a.at(0, 100);
+    let (va, rkey) = (p.b.va(2000), p.b.mr.rkey);
+    p.post_a(&[SendWr::new(
+        1,
+        SendOp::RdmaWriteWithImm {
+            remote_addr: va,
+            rkey,
+            imm: 0x0102_0304,
+        },
+        &[s],
+    )]);
+    assert!(p.flush());
+    let back = p.seen(Dir::BtoA);
+    assert_eq!(back.len(), 1);
+    assert!(back[0].is_rnr(), "{back:?}");
+    p.b.hca
+        .post_srq_recv(srq, &[verbs_api::RecvWr::new(5, &[])])
+        .unwrap();
+    assert!(p.run_until_idle());
+    let rwc = p.b.recv_wcs();
+    assert_eq!(
+        brief(&rwc),
+        [(5, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 100)]
+    );
+    assert_eq!(rwc[0].imm_data, 0x0102_0304);
+    assert_eq!(p.b.read(&p.b.mr, 2000, 100), data);
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
+}
+
+/// A receive completion (IBTA 11.4.2.1) names the WQE, the receiving QP and the sending QP,
+/// and carries the immediate data and WITH_IMM exactly when the message had one.
+#[test]
+fn receive_completions_name_both_qps_and_carry_immediate_data() {
+    let mut p = Pair::new();
+    for id in 1..=3 {
+        let r = p.b.at(id * 256, 256);
+        p.b.post_recv(id, &[r]);
+    }
+    let s = p.a.at(0, 16);
+    let (va, rkey) = (p.b.va(4096), p.b.mr.rkey);
+    p.post_a(&[
+        SendWr::new(1, SendOp::Send, &[s]),
+        SendWr::new(2, SendOp::SendWithImm { imm: 0x1234_5678 }, &[s]),
+        SendWr::new(
+            3,
+            SendOp::RdmaWriteWithImm {
+                remote_addr: va,
+                rkey,
+                imm: 0x9abc_def0,
+            },
+            &[s],
+        ),
+    ]);
+    assert!(p.run_until_idle());
+    let (a_qpn, b_qpn) = (p.a.qpn, p.b.qpn);
+    let got: Vec<_> = p
+        .b
+        .recv_wcs()
+        .iter()
+        .map(|w| {
+            (
+                w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data, w.wc_flags, w.qp_num, w.src_qp,
+            )
+        })
+        .collect();
+    use WcStatus::Success;
+    assert_eq!(
+        got,
+        [
+            (
+                1,
+                Success,
+                WcOpcode::Recv,
+                16,
+                0,
+                WcFlags::empty(),
+                b_qpn,
+                a_qpn
+            ),
+            (
+                2,
+                Success,
+                WcOpcode::Recv,
+                16,
+                0x1234_5678,
+                WcFlags::WITH_IMM,
+                b_qpn,
+                a_qpn
+            ),
+            (
+                3,
+                Success,
+                WcOpcode::RecvRdmaWithImm,
+                16,
+                0x9abc_def0,
+                WcFlags::WITH_IMM,
+                b_qpn,
+                a_qpn
+            ),
+        ]
+    );
+}
+
+/// A receive WQE that fails at the responder completes with its own `wr_id`, status, the
+/// receive opcode and the receiving QP (§4.3), before the rest of the queue is flushed.
+#[test]
+fn failed_receive_completion_names_its_wqe_and_qp() {
+    let mut p = Pair::new();
+    let r = p.b.at(0, 10);
+    p.b.post_recv(5, &[r]);
+    let s = p.a.at(0, 100);
+    p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
+    assert!(p.run_until_idle());
+    let rwc = p.b.recv_wcs();
+    assert_eq!(
+        brief(&rwc),
+        [(5, WcStatus::LocLenErr, WcOpcode::Recv, 0)],
+        "{rwc:?}"
+    );
+    assert_eq!(rwc[0].qp_num, p.b.qpn);
+}
+
+/// §1.5: the AETH's MSN counts the messages the responder completed — a SEND, an RDMA WRITE,
+/// an RDMA READ and an atomic each count one.
+#[test]
+fn aeth_msn_counts_each_completed_message() {
+    let mut p = Pair::new();
+    let r = p.b.at(0, 64);
+    p.b.post_recv(1, &[r]);
+    let (va, rkey) = (p.b.va(1024), p.b.mr.rkey);
+    let s = p.a.at(0, 8);
+    let ops = [
+        SendOp::Send,
+        SendOp::RdmaWrite {
+            remote_addr: va,
+            rkey,
+        },
+        SendOp::RdmaRead {
+            remote_addr: va,
+            rkey,
+        },
+        SendOp::AtomicFetchAndAdd {
+            remote_addr: va,
+            rkey,
+            add: 1,
+        },
+    ];
+    let mut msns = Vec::new();
+    for (id, op) in ops.into_iter().enumerate() {
+        let from = p.trace.len();
+        p.post_a(&[SendWr::new(id as u64, op, &[s])]);
+        assert!(p.run_until_idle());
+        let back = p.seen_since(from, Dir::BtoA);
+        msns.push(back.iter().map(|s| (s.op, s.msn)).collect::<Vec<_>>());
+    }
+    assert_eq!(
+        msns,
+        [
+            vec![(Acknowledge, Some(1))],
+            vec![(Acknowledge, Some(2))],
+            vec![(RdmaReadResponseOnly, Some(3))],
+            vec![(AtomicAcknowledge, Some(4))],
+        ]
+    );
+}
+
+/// C9-94: an RDMA message is at most 2^31 bytes. A RETH length of exactly 2^31 is a legal
+/// length (here beyond the MR: NAK remote access), one more is an invalid request.
+#[test]
+fn reth_length_above_two_gib_is_an_invalid_request() {
+    for op in [RdmaWriteOnly, RdmaReadRequest] {
+        for (dma_len, want) in [
+            (0x8000_0000u32, NakCode::RemoteAccessError),
+            (0x8000_0001, NakCode::InvalidRequest),
+        ] {
+            let mut p = Pair::new();
+            let payload = [5u8; 8];
+            let body: &[u8] = if op == RdmaWriteOnly { &payload } else { &[] };
+            let repr = PacketRepr {
+                reth: Some(RethRepr {
+                    va: p.b.va(0),
+                    rkey: p.b.mr.rkey,
+                    dma_len,
+                }),
+                ..PacketRepr::new(bth(op, p.b.qpn, P, true), body)
+            };
+            let pkt = p.craft(Dir::AtoB, &repr);
+            p.inject_pkt(&pkt);
+            assert!(p.flush());
+            let nak = only_nak(&p);
+            assert_eq!(
+                (nak_of(&nak), nak.psn),
+                (Some(want), P),
+                "{op:?} of {dma_len:#x}"
+            );
+            assert_eq!(
+                p.b.read(&p.b.mr, 0, 8),
+                vec![0; 8],
+                "{op:?} of {dma_len:#x}"
+            );
+        }
+    }
+}
+
+/// §4.5: a duplicate READ request is executed again if it asks for the original request or a
+/// part of it (same R_Key, range inside the original's), its responses starting at its own
+/// PSN; any other duplicate READ (another key, a range reaching outside, a PSN no READ used) is
+/// dropped unanswered.
+#[test]
+fn duplicate_read_is_answered_only_within_the_original_request() {
+    let mut p = Pair::new();
+    let remote = pattern(600, 4);
+    p.b.write(&p.b.mr, 16, &remote);
+    let (va, rkey) = (p.b.va(16), p.b.mr.rkey);
+    // A SEND at P first, then the READ at P+1..=P+3.
+    let r = p.b.at(4096, 64);
+    p.b.post_recv(1, &[r]);
+    let s = p.a.at(0, 8);
+    let d = p.a.at(1000, 600);
+    p.post_a(&[
+        SendWr::new(1, SendOp::Send, &[s]),
+        SendWr::new(
+            2,
+            SendOp::RdmaRead {
+                remote_addr: va,
+                rkey,
+            },
+            &[d],
+        ),
+    ]);
+    assert!(p.run_until_idle());
+    assert_eq!(
+        statuses(&p.a.send_wcs()),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    let q = P + 1;
+    /// (case, PSN, VA, length, R_Key, the responses b sends).
+    type Case = (&'static str, u32, u64, u32, u32, Vec<(Opcode, u32, usize)>);
+    let cases: [Case; 8] = [
+        (
+            "the same READ",
+            q,
+            va,
+            600,
+            rkey,
+            vec![
+                (RdmaReadResponseFirst, q, 256),
+                (RdmaReadResponseMiddle, q + 1, 256),
+                (RdmaReadResponseLast, q + 2, 88),
+            ],
+        ),
+        (
+            "its first packet's bytes",
+            q,
+            va,
+            256,
+            rkey,
+            vec![(RdmaReadResponseOnly, q, 256)],
+        ),
+        (
+            "its tail, from its second PSN",
+            q + 1,
+            va + 256,
+            344,
+            rkey,
+            vec![
+                (RdmaReadResponseFirst, q + 1, 256),
+                (RdmaReadResponseLast, q + 2, 88),
+            ],
+        ),
+        ("one byte past its end", q, va, 601, rkey, vec![]),
+        ("starting before it", q, va - 8, 16, rkey, vec![]),
+        ("another R_Key", q, va, 600, rkey ^ 0x100, vec![]),
+        ("the SEND's PSN", P, va, 600, rkey, vec![]),
+        ("a PSN before the connection", P - 1, va, 600, rkey, vec![]),
+    ];
+    for (name, psn, at, len, key, want) in cases {
+        let from = p.trace.len();
+        let repr = PacketRepr {
+            reth: Some(RethRepr {
+                va: at,
+                rkey: key,
+                dma_len: len,
+            }),
+            ..PacketRepr::new(bth(RdmaReadRequest, p.b.qpn, psn, false), &[])
+        };
+        let pkt = p.craft(Dir::AtoB, &repr);
+        p.inject_pkt(&pkt);
+        p.transmit();
+        let back = p.seen_since(from, Dir::BtoA);
+        assert_eq!(opls(&back), want, "{name}");
+        if let Some(first) = p.raw[from..].iter().find(|k| k.dir == Dir::BtoA) {
+            let off = (at - va) as usize;
+            assert_eq!(
+                first.repr().payload,
+                &remote[off..off + 256.min(len as usize)],
+                "{name}"
+            );
+        }
+        p.clear_trace();
+        assert!(p.flush());
+    }
+    assert_eq!(p.b.state(), QpState::Rts);
+}
+
+/// C9-105 / §4.5: a duplicate SEND that arrives while the ACK of the original is still queued
+/// is answered by that same ACK — one ACK for both, not two.
+#[test]
+fn duplicate_send_before_the_ack_left_shares_the_queued_ack() {
+    let mut p = Pair::new();
+    let r = p.b.at(0, 64);
+    p.b.post_recv(1, &[r]);
+    p.set_filter(|pkt| {
+        if pkt.dir == Dir::AtoB {
+            Action::Duplicate
+        } else {
+            Action::Deliver
+        }
+    });
+    let s = p.a.at(0, 8);
+    p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
+    assert!(p.run_until_idle());
+    assert_eq!(opls(&p.seen(Dir::BtoA)), [ack(P)]);
+    let st = p.b.stats();
+    assert_eq!(st.duplicate_request, 1);
+    assert_eq!(
+        st.rx_drops.get(emu_proto::RxDropCause::DuplicateRequest),
+        0,
+        "a re-ACKed duplicate is answered, not dropped"
+    );
+    assert_eq!(statuses(&p.b.recv_wcs()), [(1, WcStatus::Success)]);
+}
+
+/// §2.7 / issue 19: one ACK answers AckReq requests spanning at most 32 PSNs
+/// (`MAX_ACK_COALESCE`); the next request after that gets an ACK of its own.
+#[test]
+fn one_ack_answers_at_most_32_psns() {
+    let mut p = Pair::new();
+    for id in 0..34 {
+        let r = p.b.at(id * 8, 8);
+        p.b.post_recv(id, &[r]);
+    }
+    let payload = [1u8; 8];
+    for i in 0..34 {
+        let repr = PacketRepr::new(bth(SendOnly, p.b.qpn, P + i, true), &payload);
+        let pkt = p.craft(Dir::AtoB, &repr);
+        p.inject_pkt(&pkt);
+    }
+    p.transmit();
+    assert_eq!(opls(&p.seen(Dir::BtoA)), [ack(P + 31), ack(P + 33)]);
+    assert_eq!(p.b.recv_wcs().len(), 34);
+}
+
+/// The responder's counters (stats.rs): requests accepted and their payload bytes, responses
+/// sent, ACKs among them, and the READ payload bytes sent.
+#[test]
+fn responder_counts_requests_and_responses() {
+    let mut p = Pair::new();
+    let r = p.b.at(0, 128);
+    p.b.post_recv(1, &[r]);
+    let (va, rkey) = (p.b.va(1024), p.b.mr.rkey);
+    let s = p.a.at(0, 100);
+    let d = p.a.at(1000, 600);
+    p.post_a(&[
+        SendWr::new(1, SendOp::Send, &[s]),
+        SendWr::new(
+            2,
+            SendOp::RdmaRead {
+                remote_addr: va,
+                rkey,
+            },
+            &[d],
+        ),
+    ]);
+    assert!(p.run_until_idle());
+    let st = p.b.stats();
+    assert_eq!(
+        (
+            st.rcvd_pkts,
+            st.rcvd_bytes,
+            st.sent_pkts,
+            st.sent_bytes,
+            st.acks_sent
+        ),
+        (2, 100, 4, 600, 1),
+        "(rcvd_pkts, rcvd_bytes, sent_pkts, sent_bytes, acks_sent)"
+    );
+}
+
+/// §4.3: a receive WQE with an SGE whose L_Key is bad is malformed (class A) even where the
+/// message would fit in its good SGEs: NAK 0x63 (remote operational error), the receive
+/// completes with LOC_PROT_ERR (DIVERGENCES.md #4), the requester's WR with REM_OP_ERR.
+#[test]
+fn receive_wqe_with_a_bad_sge_fails_with_remote_operational_error() {
+    let mut p = Pair::new();
+    let good = p.b.at(0, 64);
+    let bad = verbs_api::Sge {
+        lkey: p.b.mr.lkey ^ 0x100,
+        ..p.b.at(64, 64)
+    };
+    p.b.post_recv(1, &[good, bad]);
+    let s = p.a.at(0, 8);
+    p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
+    assert!(p.run_until_idle());
+    let nak = only_nak(&p);
+    assert_eq!(
+        (nak_of(&nak), nak.psn),
+        (Some(NakCode::RemoteOperationalError), P)
+    );
+    assert_eq!(statuses(&p.b.recv_wcs()), [(1, WcStatus::LocProtErr)]);
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::RemOpErr)]);
+    assert_eq!((p.a.state(), p.b.state()), (QpState::Err, QpState::Err));
+    assert_eq!(p.b.read(&p.b.mr, 0, 8), vec![0; 8], "nothing placed");
+}
+
+/// A zero-length SGE of a receive WQE takes no bytes, so its L_Key is not checked; the
+/// message lands in the other SGEs.
+#[test]
+fn zero_length_receive_sge_is_not_checked() {
+    let mut p = Pair::new();
+    let empty = verbs_api::Sge {
+        addr: 0,
+        length: 0,
+        lkey: 0x0bad_0000,
+    };
+    let good = p.b.at(128, 64);
+    p.b.post_recv(1, &[empty, good]);
+    let data = pattern(8, 6);
+    p.a.write(&p.a.mr, 0, &data);
+    let s = p.a.at(0, 8);
+    p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
+    assert!(p.run_until_idle());
+    assert_eq!(
+        brief(&p.b.recv_wcs()),
+        [(1, WcStatus::Success, WcOpcode::Recv, 8)]
+    );
+    assert_eq!(p.b.read(&p.b.mr, 128, 8), data);
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
+}
+
+/// §4.3: a SEND exactly as long as its receive WQE's SGEs together fits (one byte more is
+/// LOC_LEN_ERR, `receive_buffer_too_small_loc_len_err`), scattered in SGE order.
+#[test]
+fn send_exactly_filling_the_receive_sges_succeeds() {
+    let mut p = Pair::new();
+    let (r1, r2) = (p.b.at(0, 200), p.b.at(1000, 100));
+    p.b.post_recv(1, &[r1, r2]);
+    let data = pattern(300, 7);
+    p.a.write(&p.a.mr, 0, &data);
+    let s = p.a.at(0, 300);
+    p.post_a(&[SendWr::new(1, SendOp::Send, &[s])]);
+    assert!(p.run_until_idle());
+    assert_eq!(
+        brief(&p.b.recv_wcs()),
+        [(1, WcStatus::Success, WcOpcode::Recv, 300)]
+    );
+    assert_eq!(p.b.read(&p.b.mr, 0, 200), data[..200]);
+    assert_eq!(p.b.read(&p.b.mr, 1000, 100), data[200..]);
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
+}
+
+/// stats.rs: a READ response the responder cannot build (its MR deregistered under it)
+/// counts in `dropped`; the NAK sent instead counts as a packet sent.
+#[test]
+fn read_response_that_cannot_be_built_counts_as_dropped() {
+    let mut p = Pair::new();
+    let (va, rkey) = (p.b.va(0), p.b.mr.rkey);
+    let d = p.a.at(0, 512);
+    p.post_a(&[SendWr::new(
+        1,
+        SendOp::RdmaRead {
+            remote_addr: va,
+            rkey,
+        },
+        &[d],
+    )]);
+    p.transmit();
+    p.deliver();
+    let lkey = p.b.mr.lkey;
+    p.b.hca.dereg_mr(lkey).unwrap();
+    assert!(p.run_until_idle());
+    let back = p.seen(Dir::BtoA);
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(nak_of(&back[0]), Some(NakCode::RemoteAccessError));
+    let st = p.b.stats();
+    assert_eq!((st.dropped, st.sent_pkts, st.sent_bytes), (1, 1, 0));
+}
+
+/// At the largest path MTU (4096) every packet still fits the transmit buffer
+/// (`MAX_PACKET_LEN`): a full-MTU SEND, WRITE_WITH_IMM (BTH, RETH and ImmDt) and READ
+/// response go out whole and complete.
+#[test]
+fn full_4096_byte_packets_fit_the_transmit_buffer() {
+    let mut p = Pair::with(Opts {
+        mtu: verbs_api::Mtu::Mtu4096,
+        ..Opts::default()
+    });
+    let data = pattern(4096, 8);
+    p.a.write(&p.a.mr, 0, &data);
+    p.b.write(&p.b.mr, 8192, &data);
+    for id in [1, 2] {
+        p.b.post_recv(id, &[p.b.at(0, 4096)]);
+    }
+    let s = p.a.at(0, 4096);
+    let d = p.a.at(16384, 4096);
+    let rkey = p.b.mr.rkey;
+    p.post_a(&[
+        SendWr::new(1, SendOp::Send, &[s]),
+        SendWr::new(
+            2,
+            SendOp::RdmaWriteWithImm {
+                remote_addr: p.b.va(24576),
+                rkey,
+                imm: 1,
+            },
+            &[s],
+        ),
+        SendWr::new(
+            3,
+            SendOp::RdmaRead {
+                remote_addr: p.b.va(8192),
+                rkey,
+            },
+            &[d],
+        ),
+    ]);
+    assert!(p.run_until_idle());
+    assert_eq!(
+        opls(&p.seen(Dir::AtoB)),
+        [
+            (SendOnly, P, 4096),
+            (RdmaWriteOnlyWithImmediate, P + 1, 4096),
+            (RdmaReadRequest, P + 2, 0)
+        ]
+    );
+    assert_eq!(
+        statuses(&p.a.send_wcs()),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    assert_eq!(p.b.read(&p.b.mr, 0, 4096), data);
+    assert_eq!(p.b.read(&p.b.mr, 24576, 4096), data);
+    assert_eq!(p.a.read(&p.a.mr, 16384, 4096), data);
+}

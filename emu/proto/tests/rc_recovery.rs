@@ -15,13 +15,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ALL_ACCESS, Action, Dir, Node, Opts, Pair, ack_timeout, bth};
+use common::{ALL_ACCESS, Action, Dir, Node, Opts, PORT, Pair, Pkt, ack_timeout, bth, ip_ctx};
 use emu_proto::Instant;
+use emu_proto::stats::RxDropCause;
 use emu_proto::wire::{
-    AethRepr, AtomicAckEthRepr, NakCode, Opcode, PacketRepr, RnrTimer, Syndrome,
+    AethRepr, AtomicAckEthRepr, NakCode, Opcode, PacketRepr, RnrTimer, SACK_OPCODE,
+    SACK_PACKET_LEN, SackBitmap, SackPacketRepr, SackRepr, Syndrome, fill_icrc,
 };
 use verbs_api::{
-    AccessFlags, QpState, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, QpState, Recovery, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use Opcode::*;
@@ -703,4 +705,65 @@ fn fenced_local_operation_runs_after_the_read_completes() {
         completions(&mut p),
         [(2, WcStatus::LocQpOpErr, WcOpcode::LocalInv, 0)]
     );
+}
+
+// ---- selective ACKs (selective repeat) -----------------------------------------------------
+
+/// A pair as [`silent`] whose QPs run selective repeat.
+fn silent_sr() -> Pair {
+    silent(Opts {
+        recovery: Recovery::SelectiveRepeat,
+        ..Opts::default()
+    })
+}
+
+/// A selective ACK from b to a: BTH PSN `psn` (b's ePSN), bit i of `bitmap` = PSN psn + 1 + i
+/// received.
+fn crafted_sack(p: &Pair, psn: u32, bitmap: SackBitmap) -> Pkt {
+    let ack = p.crafted_ack(psn, Syndrome::ACK_UNLIMITED);
+    let repr = SackPacketRepr {
+        bth: bth(Opcode::from(SACK_OPCODE), p.a.qpn, psn, false),
+        sack: SackRepr { msn: 0, bitmap },
+    };
+    let mut bytes = vec![0u8; SACK_PACKET_LEN];
+    repr.emit(&mut bytes).unwrap();
+    fill_icrc(&ip_ctx(ack.src, ack.dst), &mut bytes).unwrap();
+    assert_eq!(ack.dst.port(), PORT);
+    Pkt { bytes, ..ack }
+}
+
+/// A selective ACK whose PSN (the responder's ePSN) is before the oldest unacknowledged PSN
+/// or after the next PSN a would send is stale: dropped and counted, nothing it claims is
+/// believed (no completion). One inside the window counts as a received packet, and
+/// acknowledges every PSN before its own (the SEND ending there completes).
+#[test]
+fn selective_ack_outside_the_window_is_dropped() {
+    let mut p = silent_sr();
+    send(&mut p, 1, 2);
+    send(&mut p, 2, 2);
+    let stale = |p: &Pair| p.a.stats().rx_drops.get(RxDropCause::StaleResponse);
+    for (n, psn) in [P + 5, P + 0xFF_FFFF].into_iter().enumerate() {
+        let sack = crafted_sack(&p, psn & 0xFF_FFFF, SackBitmap::first(1));
+        p.inject_pkt(&sack);
+        assert_eq!(stale(&p), n as u64 + 1, "PSN {psn:#x}");
+        assert!(completions(&mut p).is_empty(), "PSN {psn:#x}");
+    }
+    let a = p.a.stats();
+    assert_eq!((a.sacks_rcvd, a.rcvd_pkts), (0, 0));
+
+    let sack = crafted_sack(&p, P + 2, SackBitmap::first(1));
+    p.inject_pkt(&sack);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::Send, 2 * MTU)]
+    );
+    let a = p.a.stats();
+    assert_eq!((a.sacks_rcvd, a.rcvd_pkts, stale(&p)), (1, 1, 2));
+    // ePSN P + 1 is now before the oldest unacknowledged PSN (P + 2).
+    let old = crafted_sack(&p, P + 1, SackBitmap::first(3));
+    p.inject_pkt(&old);
+    assert!(completions(&mut p).is_empty());
+    let a = p.a.stats();
+    assert_eq!((a.sacks_rcvd, a.rcvd_pkts, stale(&p)), (1, 1, 3));
+    assert_eq!(p.a.state(), QpState::Rts);
 }

@@ -399,6 +399,21 @@ fn rnr_wait_cancels_a_deferred_nak() {
     assert_eq!(p.a.stats().timeout_retries, 1);
 }
 
+/// No packet goes during an RNR wait, not even the first packet of a WQE posted meanwhile
+/// (§3.7 "RNR wait"): when the wait ends, the NAKed PSN is resent and the new SEND follows.
+#[test]
+fn rnr_wait_holds_back_a_wqe_posted_during_it() {
+    let mut p = silent(Opts::default());
+    let delay = RnrTimer::from_code(1).duration();
+    send(&mut p, 1, 1);
+    assert_eq!(answer(&mut p, P, rnr_nak(1)), []);
+    assert_eq!(send(&mut p, 2, 2), [], "held back by the RNR wait");
+    assert_eq!(until(&mut p, at(delay - Duration::from_nanos(1))), []);
+    let mut want = sends(P, P, P, P);
+    want.extend(sends(P + 1, P + 2, P + 1, P + 2));
+    assert_eq!(until(&mut p, at(delay)), want);
+}
+
 // ---- the local ACK timeout ---------------------------------------------------------------
 
 /// The local ACK timeout fires at exactly send + timeout, not a nanosecond before, and resends
@@ -603,6 +618,67 @@ fn ack_past_an_unanswered_read_resends_it_once_per_round() {
         (a.retransmits_nak, a.retransmits_timeout, a.timeout_retries),
         (4, 2, 1)
     );
+}
+
+/// One RTT sample at a time (Karn): the probe is the first packet sent that asks for an ACK
+/// while none is pending, and is not replaced by a later one. Two SENDs at 0 and 40 µs, both
+/// acknowledged at 100 µs, give a sample of 100 µs (not 60 µs), so the echo guard for the PSN
+/// a round went back to is 125 µs.
+#[test]
+fn rtt_sample_is_timed_from_the_oldest_pending_probe() {
+    let mut p = silent(Opts::default());
+    send(&mut p, 1, 1);
+    p.now = at(us(40));
+    send(&mut p, 2, 1);
+    p.now = at(us(100));
+    assert_eq!(answer(&mut p, P + 1, Syndrome::ACK_UNLIMITED), []);
+    send(&mut p, 3, 2);
+    let q = P + 2;
+    assert_eq!(answer(&mut p, q, seq_nak()), sends(q, q + 1, q, q + 1));
+    p.now = at(us(120));
+    assert_eq!(answer(&mut p, q, seq_nak()), []);
+    assert_eq!(p.next_deadline(), Some(at(us(225))));
+}
+
+/// After the first response of a 3-packet READ, the ACK timeout re-requests only the rest
+/// (§3.8): a READ request at the next PSN whose RETH names the remote address and length
+/// after the bytes already placed; responses to that re-request (FIRST, LAST) complete it.
+#[test]
+fn read_retry_re_requests_only_what_is_missing() {
+    let mut p = silent(Opts::default());
+    let t = ack_timeout(p.opts.timeout);
+    let va = p.b.va(0);
+    read(&mut p, 3);
+    let first = vec![1u8; MTU as usize];
+    let pkt = read_response(&p, RdmaReadResponseFirst, P, &first);
+    p.inject_pkt(&pkt);
+    let mark = p.trace.len();
+    assert!(p.run_until(at(t)));
+    let out = p.seen_since(mark, Dir::AtoB);
+    assert_eq!(
+        out.iter().map(|s| (s.op, s.psn)).collect::<Vec<_>>(),
+        [(RdmaReadRequest, P + 1)]
+    );
+    let reth = out[0].reth.unwrap();
+    assert_eq!(
+        (reth.va, reth.rkey, reth.dma_len),
+        (va + u64::from(MTU), p.b.mr.rkey, 2 * MTU)
+    );
+    for (op, psn, byte) in [
+        (RdmaReadResponseFirst, P + 1, 2u8),
+        (RdmaReadResponseLast, P + 2, 3u8),
+    ] {
+        let pkt = read_response(&p, op, psn, &[byte; MTU as usize]);
+        p.inject_pkt(&pkt);
+    }
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::RdmaRead, 3 * MTU)]
+    );
+    let mut want = first;
+    want.extend([2u8; MTU as usize]);
+    want.extend([3u8; MTU as usize]);
+    assert_eq!(p.a.read(&p.a.mr, 0, 3 * MTU as usize), want);
 }
 
 /// The RTT estimate is smoothed (7/8 old + 1/8 new sample): samples of 80 µs then 160 µs give

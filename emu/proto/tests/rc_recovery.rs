@@ -843,3 +843,24 @@ fn selective_ack_outside_the_window_is_dropped() {
     assert_eq!((a.sacks_rcvd, a.rcvd_pkts, stale(&p)), (1, 1, 3));
     assert_eq!(p.a.state(), QpState::Rts);
 }
+
+/// Selective repeat, go-back-N after an RNR NAK: the resend steps over the packets a selective
+/// ACK reported received, except the oldest unacknowledged PSN, which always goes (the
+/// responder drops a held packet when it refuses it with an RNR NAK). Here b reported P + 1
+/// and P + 3 received, then RNR-NAKed P + 1: a resends P + 1 and P + 2 only.
+#[test]
+fn selective_repeat_resend_skips_what_was_reported_received_but_the_oldest() {
+    let mut p = silent_sr();
+    assert_eq!(send(&mut p, 1, 4), sends(P, P + 3, P, P + 3));
+    let mut bits = SackBitmap::default();
+    bits.set(0);
+    bits.set(2);
+    let sack = crafted_sack(&p, P, bits);
+    p.inject_pkt(&sack);
+    assert!(p.flush());
+    assert_eq!(sent_since(&p, 0).len(), 4, "nothing resent yet");
+    assert_eq!(answer(&mut p, P + 1, rnr_nak(1)), []);
+    let delay = RnrTimer::from_code(1).duration();
+    assert_eq!(until(&mut p, at(delay)), sends(P, P + 3, P + 1, P + 2));
+    assert_eq!(p.a.stats().sacks_rcvd, 1);
+}

@@ -864,3 +864,51 @@ fn selective_repeat_resend_skips_what_was_reported_received_but_the_oldest() {
     assert_eq!(until(&mut p, at(delay)), sends(P, P + 3, P + 1, P + 2));
     assert_eq!(p.a.stats().sacks_rcvd, 1);
 }
+
+/// Selective repeat: a READ response past a gap lands in the SGEs of the READ whose PSNs
+/// include it — here the second of two READs — on arrival; each READ completes, in order,
+/// only once the responses up to its last one have all arrived, whether in order or placed
+/// early (module docs of `rc::sr`, "Completer").
+#[test]
+fn selective_repeat_places_early_read_responses_in_their_own_read() {
+    let mut p = silent_sr();
+    let (remote_addr, rkey) = (p.b.va(0), p.b.mr.rkey);
+    let op = SendOp::RdmaRead { remote_addr, rkey };
+    let (d1, d2) = ([p.a.at(0, 4 * MTU)], [p.a.at(8192, 2 * MTU)]);
+    p.post_a(&[SendWr::new(1, op, &d1), SendWr::new(2, op, &d2)]);
+    assert!(p.flush());
+    let chunk = |i: u8| vec![i; MTU as usize];
+    let inject = |p: &mut Pair, op: Opcode, psn: u32, i: u8| {
+        let pkt = read_response(p, op, psn, &chunk(i));
+        p.inject_pkt(&pkt);
+    };
+    // The second READ's first response, with all of the first READ's missing.
+    inject(&mut p, RdmaReadResponseFirst, P + 4, 5);
+    assert_eq!(p.a.read(&p.a.mr, 8192, MTU as usize), chunk(5));
+    assert_eq!(p.a.stats().sr_placed_early, 1);
+    // The first READ: packet 2 early, then 0 and 1 in order; 3 is still missing.
+    inject(&mut p, RdmaReadResponseMiddle, P + 2, 3);
+    inject(&mut p, RdmaReadResponseFirst, P, 1);
+    inject(&mut p, RdmaReadResponseMiddle, P + 1, 2);
+    assert!(
+        completions(&mut p).is_empty(),
+        "the READ's last response is missing"
+    );
+    assert_eq!(p.a.stats().sr_placed_early, 2);
+    inject(&mut p, RdmaReadResponseLast, P + 3, 4);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::RdmaRead, 4 * MTU)]
+    );
+    inject(&mut p, RdmaReadResponseLast, P + 5, 6);
+    assert_eq!(
+        completions(&mut p),
+        [(2, WcStatus::Success, WcOpcode::RdmaRead, 2 * MTU)]
+    );
+    let got: Vec<u8> = p.a.read(&p.a.mr, 0, 4 * MTU as usize);
+    assert_eq!(got, [chunk(1), chunk(2), chunk(3), chunk(4)].concat());
+    assert_eq!(
+        p.a.read(&p.a.mr, 8192, 2 * MTU as usize),
+        [chunk(5), chunk(6)].concat()
+    );
+}

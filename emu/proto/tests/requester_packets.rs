@@ -136,3 +136,23 @@ fn sent_counters_count_packets_and_payload_bytes() {
     let a = p.a.stats();
     assert_eq!((a.sent_pkts, a.sent_bytes), (6, 900));
 }
+
+/// A request packet that does not fit the buffer the caller of `poll_transmit` offers cannot
+/// be built: nothing is sent, the packet counts as dropped and its WQE fails with
+/// LOC_QP_OP_ERR, which moves the QP to ERR.
+#[test]
+fn request_that_does_not_fit_the_transmit_buffer_fails_its_wqe() {
+    let mut p = Pair::new();
+    let s = [p.a.at(0, 200)];
+    p.post_a(&[SendWr::new(1, SendOp::Send, &s)]);
+    let mut small = [0u8; 64];
+    let now = p.now;
+    assert!(p.a.hca.poll_transmit(now, &p.a.mem, &mut small).is_none());
+    assert_eq!(
+        brief(&p.a.send_wcs()),
+        [(1, WcStatus::LocQpOpErr, WcOpcode::Send, 0)]
+    );
+    assert_eq!(p.a.state(), verbs_api::QpState::Err);
+    let a = p.a.stats();
+    assert_eq!((a.dropped, a.sent_pkts), (1, 0));
+}

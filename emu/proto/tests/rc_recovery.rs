@@ -912,3 +912,94 @@ fn selective_repeat_places_early_read_responses_in_their_own_read() {
         [chunk(5), chunk(6)].concat()
     );
 }
+
+/// a posts `wrs` (opcode, flags) as wr_ids 1, 2, …: SENDs of one MTU, READs of one MTU from
+/// b's MR; returns what it sent at once.
+fn post_ops(p: &mut Pair, wrs: &[(WcOpcode, SendFlags)]) -> Vec<(Opcode, u32)> {
+    let mark = p.trace.len();
+    let (remote_addr, rkey) = (p.b.va(0), p.b.mr.rkey);
+    let sges: Vec<[verbs_api::Sge; 1]> = (0..wrs.len() as u64)
+        .map(|i| [p.a.at(i * u64::from(MTU), MTU)])
+        .collect();
+    let wrs: Vec<SendWr<'_>> = wrs
+        .iter()
+        .zip(&sges)
+        .enumerate()
+        .map(|(i, (&(op, flags), sge))| {
+            let op = match op {
+                WcOpcode::RdmaRead => SendOp::RdmaRead { remote_addr, rkey },
+                _ => SendOp::Send,
+            };
+            SendWr::new(i as u64 + 1, op, sge).with_flags(flags | SendFlags::SIGNALED)
+        })
+        .collect();
+    p.post_a(&wrs);
+    assert!(p.flush());
+    sent_since(p, mark)
+}
+
+/// `max_rd_atomic` bounds the READs and atomics outstanding, not other WQEs (§3.3, IBA
+/// 10.8.3.3): with a limit of 1, a SEND before a READ neither takes the READ's slot nor frees
+/// it when it completes; the second READ waits until the first one's response.
+#[test]
+fn max_rd_atomic_counts_only_reads_and_atomics() {
+    let mut p = silent(Opts {
+        max_rd_atomic: 1,
+        ..Opts::default()
+    });
+    let none = SendFlags::empty();
+    let ops = [
+        (WcOpcode::Send, none),
+        (WcOpcode::RdmaRead, none),
+        (WcOpcode::RdmaRead, none),
+    ];
+    assert_eq!(
+        post_ops(&mut p, &ops),
+        [(SendOnly, P), (RdmaReadRequest, P + 1)]
+    );
+    assert_eq!(answer(&mut p, P, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::Send, MTU)]
+    );
+    assert!(p.flush());
+    assert_eq!(sent_since(&p, 0).len(), 2, "the second READ still waits");
+    let mark = p.trace.len();
+    let pkt = read_response(&p, RdmaReadResponseOnly, P + 1, &[4; MTU as usize]);
+    p.inject_pkt(&pkt);
+    assert!(p.flush());
+    assert_eq!(sent_since(&p, mark), [(RdmaReadRequest, P + 2)]);
+    assert_eq!(
+        completions(&mut p),
+        [(2, WcStatus::Success, WcOpcode::RdmaRead, MTU)]
+    );
+}
+
+/// A fenced SEND waits for every earlier READ to complete (IBA 10.8.3.3, §3.3); an unfenced one
+/// does not, and a fenced one with no READ outstanding goes at once.
+#[test]
+fn fenced_send_waits_for_earlier_reads_only() {
+    let mut p = silent(Opts::default());
+    let (none, fence) = (SendFlags::empty(), SendFlags::FENCE);
+    assert_eq!(
+        post_ops(&mut p, &[(WcOpcode::Send, fence)]),
+        [(SendOnly, P)],
+        "nothing outstanding"
+    );
+    let ops = [
+        (WcOpcode::RdmaRead, none),
+        (WcOpcode::Send, none),
+        (WcOpcode::Send, fence),
+        (WcOpcode::Send, none),
+    ];
+    assert_eq!(
+        post_ops(&mut p, &ops),
+        [(RdmaReadRequest, P + 1), (SendOnly, P + 2)],
+        "the fence holds the third WQE and the one behind it"
+    );
+    let mark = p.trace.len();
+    let pkt = read_response(&p, RdmaReadResponseOnly, P + 1, &[4; MTU as usize]);
+    p.inject_pkt(&pkt);
+    assert!(p.flush());
+    assert_eq!(sent_since(&p, mark), [(SendOnly, P + 3), (SendOnly, P + 4)]);
+}

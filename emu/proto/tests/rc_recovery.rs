@@ -548,6 +548,31 @@ fn read_responses_that_do_not_fit_the_request_fail_it() {
     }
 }
 
+/// In IBTA mode a READ response past the oldest unanswered PSN (the one before it was lost) is
+/// dropped and counted, not placed (§2.10: the timer recovers); the responses in order then
+/// place the data and complete the READ.
+#[test]
+fn read_response_past_a_gap_is_dropped_in_ibta_mode() {
+    let mut p = silent(Opts::default());
+    read(&mut p, 2);
+    let last = read_response(&p, RdmaReadResponseLast, P + 1, &[2; MTU as usize]);
+    p.inject_pkt(&last);
+    assert_eq!(
+        p.a.read(&p.a.mr, u64::from(MTU), MTU as usize),
+        vec![0; MTU as usize]
+    );
+    let a = p.a.stats();
+    assert_eq!((a.duplicate_response, a.sr_placed_early), (1, 0));
+    let first = read_response(&p, RdmaReadResponseFirst, P, &[1; MTU as usize]);
+    p.inject_pkt(&first);
+    assert!(completions(&mut p).is_empty());
+    p.inject_pkt(&last);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::RdmaRead, 2 * MTU)]
+    );
+}
+
 /// READ responses that fit place the data at their offsets and count its bytes.
 #[test]
 fn read_responses_that_fit_place_the_data() {

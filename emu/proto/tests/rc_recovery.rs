@@ -1028,3 +1028,64 @@ fn fenced_send_waits_for_earlier_reads_only() {
     assert!(p.flush());
     assert_eq!(sent_since(&p, mark), [(SendOnly, P + 3), (SendOnly, P + 4)]);
 }
+
+/// `bits` with bits `from..=to` set (bit i: PSN ePSN + 1 + i received).
+fn sack_bits(from: u32, to: u32) -> SackBitmap {
+    let mut b = SackBitmap::default();
+    (from..=to).for_each(|i| b.set(i));
+    b
+}
+
+/// Selective repeat: a PSN queued for resend that is acknowledged, or reported received,
+/// before the resend goes is not resent (module docs of `rc::sr`: what is still missing is
+/// resent alone). A SEND of 13 packets; b reports P + 2 ..= P + 11 received, so P and P + 1
+/// (8 transmissions older than what was delivered) are queued. Before a transmits, either
+/// nothing more arrives (both go), or an ACK covers both (neither goes), or a second selective
+/// ACK reports P + 1 received (only P goes).
+#[test]
+fn selective_repeat_does_not_resend_what_was_answered_meanwhile() {
+    for case in 0..3 {
+        let mut p = silent_sr();
+        assert_eq!(send(&mut p, 1, 13).len(), 13);
+        let sack = crafted_sack(&p, P, sack_bits(1, 10));
+        p.inject_pkt(&sack);
+        let (meanwhile, want) = match case {
+            0 => (None, vec![(SendFirst, P), (SendMiddle, P + 1)]),
+            1 => (Some(p.crafted_ack(P + 1, Syndrome::ACK_UNLIMITED)), vec![]),
+            _ => (
+                Some(crafted_sack(&p, P, sack_bits(0, 10))),
+                vec![(SendFirst, P)],
+            ),
+        };
+        if let Some(pkt) = meanwhile {
+            p.inject_pkt(&pkt);
+        }
+        let mark = p.trace.len();
+        assert!(p.flush());
+        assert_eq!(sent_since(&p, mark), want, "case {case}");
+    }
+}
+
+/// A WQE that waits for the window (64 unacknowledged PSNs, §2.11) has not started: if the QP
+/// enters SQD meanwhile, it stays unsent when the window opens (§5.1: nothing new starts in
+/// SQD), and the ACK that completes the outstanding SEND ends the drain.
+#[test]
+fn wqe_waiting_for_the_window_does_not_start_in_sqd() {
+    let mut p = silent(Opts::default());
+    assert_eq!(send(&mut p, 1, 64).len(), 64);
+    assert_eq!(send(&mut p, 2, 1), [], "the window is full");
+    let sqd = verbs_api::QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..verbs_api::QpAttr::default()
+    };
+    let mask = verbs_api::QpAttrMask::STATE | verbs_api::QpAttrMask::EN_SQD_ASYNC_NOTIFY;
+    let now = p.now;
+    p.a.modify(now, &sqd, mask).unwrap();
+    assert_eq!(answer(&mut p, P + 63, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::Send, 64 * MTU)]
+    );
+    assert_eq!(p.a.events().len(), 1, "SQ_DRAINED");
+}

@@ -1089,3 +1089,32 @@ fn wqe_waiting_for_the_window_does_not_start_in_sqd() {
     );
     assert_eq!(p.a.events().len(), 1, "SQ_DRAINED");
 }
+
+/// Karn's rule: a retransmitted packet is never an RTT probe (its ACK could answer either
+/// copy). A first sample of 80 µs; then a SEND resent by the ACK timeout and acknowledged
+/// 10 µs after the resend leaves the estimate at 80 µs, so the echo guard for the PSN a
+/// round went back to stays 100 µs.
+#[test]
+fn retransmission_is_never_an_rtt_probe() {
+    let mut p = silent(Opts::default());
+    let t = ack_timeout(p.opts.timeout);
+    send(&mut p, 1, 1);
+    p.now = at(us(80));
+    assert_eq!(answer(&mut p, P, Syndrome::ACK_UNLIMITED), []);
+    send(&mut p, 2, 1);
+    assert_eq!(
+        until(&mut p, at(us(80) + t)),
+        sends(P + 1, P + 1, P + 1, P + 1)
+    );
+    let t0 = us(90) + t;
+    p.now = at(t0);
+    assert_eq!(answer(&mut p, P + 1, Syndrome::ACK_UNLIMITED), []);
+    let t1 = t0 + us(200);
+    p.now = at(t1);
+    send(&mut p, 3, 2);
+    let q = P + 2;
+    assert_eq!(answer(&mut p, q, seq_nak()), sends(q, q + 1, q, q + 1));
+    p.now = at(t1 + us(1));
+    assert_eq!(answer(&mut p, q, seq_nak()), []);
+    assert_eq!(p.next_deadline(), Some(at(t1 + us(100))));
+}

@@ -156,3 +156,26 @@ fn request_that_does_not_fit_the_transmit_buffer_fails_its_wqe() {
     let a = p.a.stats();
     assert_eq!((a.dropped, a.sent_pkts), (1, 0));
 }
+
+/// A SEND with invalidate of two packets is SEND_FIRST then SEND_LAST_WITH_INVALIDATE carrying
+/// the R_Key in its IETH (rc-transport.md §3.1: the IETH rides on the last packet only).
+#[test]
+fn multi_packet_send_with_invalidate_ends_with_its_own_opcode() {
+    let mut p = Pair::new();
+    p.set_filter(|_| common::Action::Drop);
+    let s = [p.a.at(0, 300)];
+    let op = SendOp::SendWithInv {
+        invalidate_rkey: 0x1234_5678,
+    };
+    p.post_a(&[SendWr::new(1, op, &s)]);
+    assert!(p.flush());
+    let ops: Vec<_> = p.seen(Dir::AtoB).iter().map(|s| (s.op, s.psn)).collect();
+    let first = p.opts.a_psn;
+    assert_eq!(
+        ops,
+        [
+            (emu_proto::wire::Opcode::SendFirst, first),
+            (emu_proto::wire::Opcode::SendLastWithInvalidate, first + 1),
+        ]
+    );
+}

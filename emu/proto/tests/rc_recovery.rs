@@ -15,13 +15,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ALL_ACCESS, Action, Dir, Node, Opts, Pair, ack_timeout, bth};
+use common::{ALL_ACCESS, Action, Dir, Node, Opts, PORT, Pair, Pkt, ack_timeout, bth, ip_ctx};
 use emu_proto::Instant;
+use emu_proto::stats::RxDropCause;
 use emu_proto::wire::{
-    AethRepr, AtomicAckEthRepr, NakCode, Opcode, PacketRepr, RnrTimer, Syndrome,
+    AethRepr, AtomicAckEthRepr, NakCode, Opcode, PacketRepr, RnrTimer, SACK_OPCODE,
+    SACK_PACKET_LEN, SackBitmap, SackPacketRepr, SackRepr, Syndrome, fill_icrc,
 };
 use verbs_api::{
-    AccessFlags, QpState, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, QpState, Recovery, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use Opcode::*;
@@ -397,6 +399,21 @@ fn rnr_wait_cancels_a_deferred_nak() {
     assert_eq!(p.a.stats().timeout_retries, 1);
 }
 
+/// No packet goes during an RNR wait, not even the first packet of a WQE posted meanwhile
+/// (§3.7 "RNR wait"): when the wait ends, the NAKed PSN is resent and the new SEND follows.
+#[test]
+fn rnr_wait_holds_back_a_wqe_posted_during_it() {
+    let mut p = silent(Opts::default());
+    let delay = RnrTimer::from_code(1).duration();
+    send(&mut p, 1, 1);
+    assert_eq!(answer(&mut p, P, rnr_nak(1)), []);
+    assert_eq!(send(&mut p, 2, 2), [], "held back by the RNR wait");
+    assert_eq!(until(&mut p, at(delay - Duration::from_nanos(1))), []);
+    let mut want = sends(P, P, P, P);
+    want.extend(sends(P + 1, P + 2, P + 1, P + 2));
+    assert_eq!(until(&mut p, at(delay)), want);
+}
+
 // ---- the local ACK timeout ---------------------------------------------------------------
 
 /// The local ACK timeout fires at exactly send + timeout, not a nanosecond before, and resends
@@ -531,6 +548,31 @@ fn read_responses_that_do_not_fit_the_request_fail_it() {
     }
 }
 
+/// In IBTA mode a READ response past the oldest unanswered PSN (the one before it was lost) is
+/// dropped and counted, not placed (§2.10: the timer recovers); the responses in order then
+/// place the data and complete the READ.
+#[test]
+fn read_response_past_a_gap_is_dropped_in_ibta_mode() {
+    let mut p = silent(Opts::default());
+    read(&mut p, 2);
+    let last = read_response(&p, RdmaReadResponseLast, P + 1, &[2; MTU as usize]);
+    p.inject_pkt(&last);
+    assert_eq!(
+        p.a.read(&p.a.mr, u64::from(MTU), MTU as usize),
+        vec![0; MTU as usize]
+    );
+    let a = p.a.stats();
+    assert_eq!((a.duplicate_response, a.sr_placed_early), (1, 0));
+    let first = read_response(&p, RdmaReadResponseFirst, P, &[1; MTU as usize]);
+    p.inject_pkt(&first);
+    assert!(completions(&mut p).is_empty());
+    p.inject_pkt(&last);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::RdmaRead, 2 * MTU)]
+    );
+}
+
 /// READ responses that fit place the data at their offsets and count its bytes.
 #[test]
 fn read_responses_that_fit_place_the_data() {
@@ -601,6 +643,67 @@ fn ack_past_an_unanswered_read_resends_it_once_per_round() {
         (a.retransmits_nak, a.retransmits_timeout, a.timeout_retries),
         (4, 2, 1)
     );
+}
+
+/// One RTT sample at a time (Karn): the probe is the first packet sent that asks for an ACK
+/// while none is pending, and is not replaced by a later one. Two SENDs at 0 and 40 µs, both
+/// acknowledged at 100 µs, give a sample of 100 µs (not 60 µs), so the echo guard for the PSN
+/// a round went back to is 125 µs.
+#[test]
+fn rtt_sample_is_timed_from_the_oldest_pending_probe() {
+    let mut p = silent(Opts::default());
+    send(&mut p, 1, 1);
+    p.now = at(us(40));
+    send(&mut p, 2, 1);
+    p.now = at(us(100));
+    assert_eq!(answer(&mut p, P + 1, Syndrome::ACK_UNLIMITED), []);
+    send(&mut p, 3, 2);
+    let q = P + 2;
+    assert_eq!(answer(&mut p, q, seq_nak()), sends(q, q + 1, q, q + 1));
+    p.now = at(us(120));
+    assert_eq!(answer(&mut p, q, seq_nak()), []);
+    assert_eq!(p.next_deadline(), Some(at(us(225))));
+}
+
+/// After the first response of a 3-packet READ, the ACK timeout re-requests only the rest
+/// (§3.8): a READ request at the next PSN whose RETH names the remote address and length
+/// after the bytes already placed; responses to that re-request (FIRST, LAST) complete it.
+#[test]
+fn read_retry_re_requests_only_what_is_missing() {
+    let mut p = silent(Opts::default());
+    let t = ack_timeout(p.opts.timeout);
+    let va = p.b.va(0);
+    read(&mut p, 3);
+    let first = vec![1u8; MTU as usize];
+    let pkt = read_response(&p, RdmaReadResponseFirst, P, &first);
+    p.inject_pkt(&pkt);
+    let mark = p.trace.len();
+    assert!(p.run_until(at(t)));
+    let out = p.seen_since(mark, Dir::AtoB);
+    assert_eq!(
+        out.iter().map(|s| (s.op, s.psn)).collect::<Vec<_>>(),
+        [(RdmaReadRequest, P + 1)]
+    );
+    let reth = out[0].reth.unwrap();
+    assert_eq!(
+        (reth.va, reth.rkey, reth.dma_len),
+        (va + u64::from(MTU), p.b.mr.rkey, 2 * MTU)
+    );
+    for (op, psn, byte) in [
+        (RdmaReadResponseFirst, P + 1, 2u8),
+        (RdmaReadResponseLast, P + 2, 3u8),
+    ] {
+        let pkt = read_response(&p, op, psn, &[byte; MTU as usize]);
+        p.inject_pkt(&pkt);
+    }
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::RdmaRead, 3 * MTU)]
+    );
+    let mut want = first;
+    want.extend([2u8; MTU as usize]);
+    want.extend([3u8; MTU as usize]);
+    assert_eq!(p.a.read(&p.a.mr, 0, 3 * MTU as usize), want);
 }
 
 /// The RTT estimate is smoothed (7/8 old + 1/8 new sample): samples of 80 µs then 160 µs give
@@ -703,4 +806,315 @@ fn fenced_local_operation_runs_after_the_read_completes() {
         completions(&mut p),
         [(2, WcStatus::LocQpOpErr, WcOpcode::LocalInv, 0)]
     );
+}
+
+// ---- selective ACKs (selective repeat) -----------------------------------------------------
+
+/// A pair as [`silent`] whose QPs run selective repeat.
+fn silent_sr() -> Pair {
+    silent(Opts {
+        recovery: Recovery::SelectiveRepeat,
+        ..Opts::default()
+    })
+}
+
+/// A selective ACK from b to a: BTH PSN `psn` (b's ePSN), bit i of `bitmap` = PSN psn + 1 + i
+/// received.
+fn crafted_sack(p: &Pair, psn: u32, bitmap: SackBitmap) -> Pkt {
+    let ack = p.crafted_ack(psn, Syndrome::ACK_UNLIMITED);
+    let repr = SackPacketRepr {
+        bth: bth(Opcode::from(SACK_OPCODE), p.a.qpn, psn, false),
+        sack: SackRepr { msn: 0, bitmap },
+    };
+    let mut bytes = vec![0u8; SACK_PACKET_LEN];
+    repr.emit(&mut bytes).unwrap();
+    fill_icrc(&ip_ctx(ack.src, ack.dst), &mut bytes).unwrap();
+    assert_eq!(ack.dst.port(), PORT);
+    Pkt { bytes, ..ack }
+}
+
+/// A selective ACK whose PSN (the responder's ePSN) is before the oldest unacknowledged PSN
+/// or after the next PSN a would send is stale: dropped and counted, nothing it claims is
+/// believed (no completion). One inside the window counts as a received packet, and
+/// acknowledges every PSN before its own (the SEND ending there completes).
+#[test]
+fn selective_ack_outside_the_window_is_dropped() {
+    let mut p = silent_sr();
+    send(&mut p, 1, 2);
+    send(&mut p, 2, 2);
+    let stale = |p: &Pair| p.a.stats().rx_drops.get(RxDropCause::StaleResponse);
+    for (n, psn) in [P + 5, P + 0xFF_FFFF].into_iter().enumerate() {
+        let sack = crafted_sack(&p, psn & 0xFF_FFFF, SackBitmap::first(1));
+        p.inject_pkt(&sack);
+        assert_eq!(stale(&p), n as u64 + 1, "PSN {psn:#x}");
+        assert!(completions(&mut p).is_empty(), "PSN {psn:#x}");
+    }
+    let a = p.a.stats();
+    assert_eq!((a.sacks_rcvd, a.rcvd_pkts), (0, 0));
+
+    let sack = crafted_sack(&p, P + 2, SackBitmap::first(1));
+    p.inject_pkt(&sack);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::Send, 2 * MTU)]
+    );
+    let a = p.a.stats();
+    assert_eq!((a.sacks_rcvd, a.rcvd_pkts, stale(&p)), (1, 1, 2));
+    // ePSN P + 1 is now before the oldest unacknowledged PSN (P + 2).
+    let old = crafted_sack(&p, P + 1, SackBitmap::first(3));
+    p.inject_pkt(&old);
+    assert!(completions(&mut p).is_empty());
+    let a = p.a.stats();
+    assert_eq!((a.sacks_rcvd, a.rcvd_pkts, stale(&p)), (1, 1, 3));
+    assert_eq!(p.a.state(), QpState::Rts);
+}
+
+/// Selective repeat, go-back-N after an RNR NAK: the resend steps over the packets a selective
+/// ACK reported received, except the oldest unacknowledged PSN, which always goes (the
+/// responder drops a held packet when it refuses it with an RNR NAK). Here b reported P + 1
+/// and P + 3 received, then RNR-NAKed P + 1: a resends P + 1 and P + 2 only.
+#[test]
+fn selective_repeat_resend_skips_what_was_reported_received_but_the_oldest() {
+    let mut p = silent_sr();
+    assert_eq!(send(&mut p, 1, 4), sends(P, P + 3, P, P + 3));
+    let mut bits = SackBitmap::default();
+    bits.set(0);
+    bits.set(2);
+    let sack = crafted_sack(&p, P, bits);
+    p.inject_pkt(&sack);
+    assert!(p.flush());
+    assert_eq!(sent_since(&p, 0).len(), 4, "nothing resent yet");
+    assert_eq!(answer(&mut p, P + 1, rnr_nak(1)), []);
+    let delay = RnrTimer::from_code(1).duration();
+    assert_eq!(until(&mut p, at(delay)), sends(P, P + 3, P + 1, P + 2));
+    assert_eq!(p.a.stats().sacks_rcvd, 1);
+}
+
+/// Selective repeat: a READ response past a gap lands in the SGEs of the READ whose PSNs
+/// include it — here the second of two READs — on arrival; each READ completes, in order,
+/// only once the responses up to its last one have all arrived, whether in order or placed
+/// early (module docs of `rc::sr`, "Completer").
+#[test]
+fn selective_repeat_places_early_read_responses_in_their_own_read() {
+    let mut p = silent_sr();
+    let (remote_addr, rkey) = (p.b.va(0), p.b.mr.rkey);
+    let op = SendOp::RdmaRead { remote_addr, rkey };
+    let (d1, d2) = ([p.a.at(0, 4 * MTU)], [p.a.at(8192, 2 * MTU)]);
+    p.post_a(&[SendWr::new(1, op, &d1), SendWr::new(2, op, &d2)]);
+    assert!(p.flush());
+    let chunk = |i: u8| vec![i; MTU as usize];
+    let inject = |p: &mut Pair, op: Opcode, psn: u32, i: u8| {
+        let pkt = read_response(p, op, psn, &chunk(i));
+        p.inject_pkt(&pkt);
+    };
+    // The second READ's first response, with all of the first READ's missing.
+    inject(&mut p, RdmaReadResponseFirst, P + 4, 5);
+    assert_eq!(p.a.read(&p.a.mr, 8192, MTU as usize), chunk(5));
+    assert_eq!(p.a.stats().sr_placed_early, 1);
+    // The first READ: packet 2 early, then 0 and 1 in order; 3 is still missing.
+    inject(&mut p, RdmaReadResponseMiddle, P + 2, 3);
+    inject(&mut p, RdmaReadResponseFirst, P, 1);
+    inject(&mut p, RdmaReadResponseMiddle, P + 1, 2);
+    assert!(
+        completions(&mut p).is_empty(),
+        "the READ's last response is missing"
+    );
+    assert_eq!(p.a.stats().sr_placed_early, 2);
+    inject(&mut p, RdmaReadResponseLast, P + 3, 4);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::RdmaRead, 4 * MTU)]
+    );
+    inject(&mut p, RdmaReadResponseLast, P + 5, 6);
+    assert_eq!(
+        completions(&mut p),
+        [(2, WcStatus::Success, WcOpcode::RdmaRead, 2 * MTU)]
+    );
+    let got: Vec<u8> = p.a.read(&p.a.mr, 0, 4 * MTU as usize);
+    assert_eq!(got, [chunk(1), chunk(2), chunk(3), chunk(4)].concat());
+    assert_eq!(
+        p.a.read(&p.a.mr, 8192, 2 * MTU as usize),
+        [chunk(5), chunk(6)].concat()
+    );
+}
+
+/// a posts `wrs` (opcode, flags) as wr_ids 1, 2, …: SENDs of one MTU, READs of one MTU from
+/// b's MR; returns what it sent at once.
+fn post_ops(p: &mut Pair, wrs: &[(WcOpcode, SendFlags)]) -> Vec<(Opcode, u32)> {
+    let mark = p.trace.len();
+    let (remote_addr, rkey) = (p.b.va(0), p.b.mr.rkey);
+    let sges: Vec<[verbs_api::Sge; 1]> = (0..wrs.len() as u64)
+        .map(|i| [p.a.at(i * u64::from(MTU), MTU)])
+        .collect();
+    let wrs: Vec<SendWr<'_>> = wrs
+        .iter()
+        .zip(&sges)
+        .enumerate()
+        .map(|(i, (&(op, flags), sge))| {
+            let op = match op {
+                WcOpcode::RdmaRead => SendOp::RdmaRead { remote_addr, rkey },
+                _ => SendOp::Send,
+            };
+            SendWr::new(i as u64 + 1, op, sge).with_flags(flags | SendFlags::SIGNALED)
+        })
+        .collect();
+    p.post_a(&wrs);
+    assert!(p.flush());
+    sent_since(p, mark)
+}
+
+/// `max_rd_atomic` bounds the READs and atomics outstanding, not other WQEs (§3.3, IBA
+/// 10.8.3.3): with a limit of 1, a SEND before a READ neither takes the READ's slot nor frees
+/// it when it completes; the second READ waits until the first one's response.
+#[test]
+fn max_rd_atomic_counts_only_reads_and_atomics() {
+    let mut p = silent(Opts {
+        max_rd_atomic: 1,
+        ..Opts::default()
+    });
+    let none = SendFlags::empty();
+    let ops = [
+        (WcOpcode::Send, none),
+        (WcOpcode::RdmaRead, none),
+        (WcOpcode::RdmaRead, none),
+    ];
+    assert_eq!(
+        post_ops(&mut p, &ops),
+        [(SendOnly, P), (RdmaReadRequest, P + 1)]
+    );
+    assert_eq!(answer(&mut p, P, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::Send, MTU)]
+    );
+    assert!(p.flush());
+    assert_eq!(sent_since(&p, 0).len(), 2, "the second READ still waits");
+    let mark = p.trace.len();
+    let pkt = read_response(&p, RdmaReadResponseOnly, P + 1, &[4; MTU as usize]);
+    p.inject_pkt(&pkt);
+    assert!(p.flush());
+    assert_eq!(sent_since(&p, mark), [(RdmaReadRequest, P + 2)]);
+    assert_eq!(
+        completions(&mut p),
+        [(2, WcStatus::Success, WcOpcode::RdmaRead, MTU)]
+    );
+}
+
+/// A fenced SEND waits for every earlier READ to complete (IBA 10.8.3.3, §3.3); an unfenced one
+/// does not, and a fenced one with no READ outstanding goes at once.
+#[test]
+fn fenced_send_waits_for_earlier_reads_only() {
+    let mut p = silent(Opts::default());
+    let (none, fence) = (SendFlags::empty(), SendFlags::FENCE);
+    assert_eq!(
+        post_ops(&mut p, &[(WcOpcode::Send, fence)]),
+        [(SendOnly, P)],
+        "nothing outstanding"
+    );
+    let ops = [
+        (WcOpcode::RdmaRead, none),
+        (WcOpcode::Send, none),
+        (WcOpcode::Send, fence),
+        (WcOpcode::Send, none),
+    ];
+    assert_eq!(
+        post_ops(&mut p, &ops),
+        [(RdmaReadRequest, P + 1), (SendOnly, P + 2)],
+        "the fence holds the third WQE and the one behind it"
+    );
+    let mark = p.trace.len();
+    let pkt = read_response(&p, RdmaReadResponseOnly, P + 1, &[4; MTU as usize]);
+    p.inject_pkt(&pkt);
+    assert!(p.flush());
+    assert_eq!(sent_since(&p, mark), [(SendOnly, P + 3), (SendOnly, P + 4)]);
+}
+
+/// `bits` with bits `from..=to` set (bit i: PSN ePSN + 1 + i received).
+fn sack_bits(from: u32, to: u32) -> SackBitmap {
+    let mut b = SackBitmap::default();
+    (from..=to).for_each(|i| b.set(i));
+    b
+}
+
+/// Selective repeat: a PSN queued for resend that is acknowledged, or reported received,
+/// before the resend goes is not resent (module docs of `rc::sr`: what is still missing is
+/// resent alone). A SEND of 13 packets; b reports P + 2 ..= P + 11 received, so P and P + 1
+/// (8 transmissions older than what was delivered) are queued. Before a transmits, either
+/// nothing more arrives (both go), or an ACK covers both (neither goes), or a second selective
+/// ACK reports P + 1 received (only P goes).
+#[test]
+fn selective_repeat_does_not_resend_what_was_answered_meanwhile() {
+    for case in 0..3 {
+        let mut p = silent_sr();
+        assert_eq!(send(&mut p, 1, 13).len(), 13);
+        let sack = crafted_sack(&p, P, sack_bits(1, 10));
+        p.inject_pkt(&sack);
+        let (meanwhile, want) = match case {
+            0 => (None, vec![(SendFirst, P), (SendMiddle, P + 1)]),
+            1 => (Some(p.crafted_ack(P + 1, Syndrome::ACK_UNLIMITED)), vec![]),
+            _ => (
+                Some(crafted_sack(&p, P, sack_bits(0, 10))),
+                vec![(SendFirst, P)],
+            ),
+        };
+        if let Some(pkt) = meanwhile {
+            p.inject_pkt(&pkt);
+        }
+        let mark = p.trace.len();
+        assert!(p.flush());
+        assert_eq!(sent_since(&p, mark), want, "case {case}");
+    }
+}
+
+/// A WQE that waits for the window (64 unacknowledged PSNs, §2.11) has not started: if the QP
+/// enters SQD meanwhile, it stays unsent when the window opens (§5.1: nothing new starts in
+/// SQD), and the ACK that completes the outstanding SEND ends the drain.
+#[test]
+fn wqe_waiting_for_the_window_does_not_start_in_sqd() {
+    let mut p = silent(Opts::default());
+    assert_eq!(send(&mut p, 1, 64).len(), 64);
+    assert_eq!(send(&mut p, 2, 1), [], "the window is full");
+    let sqd = verbs_api::QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..verbs_api::QpAttr::default()
+    };
+    let mask = verbs_api::QpAttrMask::STATE | verbs_api::QpAttrMask::EN_SQD_ASYNC_NOTIFY;
+    let now = p.now;
+    p.a.modify(now, &sqd, mask).unwrap();
+    assert_eq!(answer(&mut p, P + 63, Syndrome::ACK_UNLIMITED), []);
+    assert_eq!(
+        completions(&mut p),
+        [(1, WcStatus::Success, WcOpcode::Send, 64 * MTU)]
+    );
+    assert_eq!(p.a.events().len(), 1, "SQ_DRAINED");
+}
+
+/// Karn's rule: a retransmitted packet is never an RTT probe (its ACK could answer either
+/// copy). A first sample of 80 µs; then a SEND resent by the ACK timeout and acknowledged
+/// 10 µs after the resend leaves the estimate at 80 µs, so the echo guard for the PSN a
+/// round went back to stays 100 µs.
+#[test]
+fn retransmission_is_never_an_rtt_probe() {
+    let mut p = silent(Opts::default());
+    let t = ack_timeout(p.opts.timeout);
+    send(&mut p, 1, 1);
+    p.now = at(us(80));
+    assert_eq!(answer(&mut p, P, Syndrome::ACK_UNLIMITED), []);
+    send(&mut p, 2, 1);
+    assert_eq!(
+        until(&mut p, at(us(80) + t)),
+        sends(P + 1, P + 1, P + 1, P + 1)
+    );
+    let t0 = us(90) + t;
+    p.now = at(t0);
+    assert_eq!(answer(&mut p, P + 1, Syndrome::ACK_UNLIMITED), []);
+    let t1 = t0 + us(200);
+    p.now = at(t1);
+    send(&mut p, 3, 2);
+    let q = P + 2;
+    assert_eq!(answer(&mut p, q, seq_nak()), sends(q, q + 1, q, q + 1));
+    p.now = at(t1 + us(1));
+    assert_eq!(answer(&mut p, q, seq_nak()), []);
+    assert_eq!(p.next_deadline(), Some(at(t1 + us(100))));
 }

@@ -2871,48 +2871,6 @@ fn model_rnr_every_rnr_nak_costs_a_retry_even_stale_or_duplicated() {
 
 // ---- the responder's rules, one at a time ------------------------------------------------
 
-/// Walks `node`'s QP (from any state, through RESET) to RTS towards `peer_qpn` at `peer_ip`,
-/// with the default options' attributes.
-fn reconnect(node: &mut Node, peer_ip: Ipv4Addr, peer_qpn: u32, sq_psn: u32, rq_psn: u32) {
-    let o = Opts::default();
-    let attr = QpAttr {
-        qp_state: QpState::Reset,
-        port_num: 1,
-        qp_access_flags: o.a_access,
-        path_mtu: o.mtu,
-        dest_qp_num: peer_qpn,
-        rq_psn,
-        sq_psn,
-        max_dest_rd_atomic: o.max_dest_rd_atomic,
-        max_rd_atomic: o.max_rd_atomic,
-        min_rnr_timer: o.min_rnr_timer,
-        timeout: o.timeout,
-        retry_cnt: o.retry_cnt,
-        rnr_retry: o.rnr_retry,
-        ah_attr: verbs_api::AhAttr {
-            dgid: verbs_api::Gid::from_ip(peer_ip.into()),
-            udp_dport: common::PORT,
-            ..verbs_api::AhAttr::default()
-        },
-        ..QpAttr::default()
-    };
-    let now = Instant::ZERO;
-    if node.state() != QpState::Reset {
-        node.modify(now, &attr, QpAttrMask::STATE).unwrap();
-    }
-    for (state, mask) in [
-        (QpState::Init, connect::INIT_MASK),
-        (QpState::Rtr, connect::RTR_MASK),
-        (QpState::Rts, connect::RTS_MASK),
-    ] {
-        let attr = QpAttr {
-            qp_state: state,
-            ..attr
-        };
-        node.modify(now, &attr, mask).unwrap();
-    }
-}
-
 /// A pair whose b QP receives through an SRQ (8 WQEs deep): b gets a new QP on a new SRQ, and
 /// a's QP is reconnected to it.
 fn srq_pair() -> (Pair, emu_proto::SrqId) {
@@ -2927,20 +2885,8 @@ fn srq_pair() -> (Pair, emu_proto::SrqId) {
     let (pd, scq, rcq) = (p.b.pd, p.b.scq, p.b.rcq);
     p.b.qpn = p.b.hca.create_qp(pd, scq, rcq, Some(srq), &init).unwrap();
     let (a_qpn, b_qpn) = (p.a.qpn, p.b.qpn);
-    reconnect(
-        &mut p.b,
-        Ipv4Addr::new(127, 0, 0, 1),
-        a_qpn,
-        p.opts.b_psn,
-        P,
-    );
-    reconnect(
-        &mut p.a,
-        Ipv4Addr::new(127, 0, 0, 2),
-        b_qpn,
-        P,
-        p.opts.b_psn,
-    );
+    common::connect_qp(&mut p.b, common::A_IP, a_qpn, &p.opts, Side::B);
+    common::connect_qp(&mut p.a, common::B_IP, b_qpn, &p.opts, Side::A);
     (p, srq)
 }
 

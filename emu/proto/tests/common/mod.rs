@@ -332,9 +332,15 @@ fn poll_all(hca: &mut Hca, cq: CqId) -> Vec<WorkCompletion> {
     out
 }
 
-/// Walks `node`'s QP RESET → INIT → RTR → RTS towards the peer, with the masks of
-/// `verbs_api::connect` (rc-transport.md §5.1).
-fn connect_qp(node: &mut Node, peer_ip: Ipv4Addr, peer_qpn: u32, opts: &Opts, side: Side) {
+/// Walks `node`'s QP (from any state, through RESET) RESET → INIT → RTR → RTS towards the
+/// peer, with the masks of `verbs_api::connect` (rc-transport.md §5.1).
+pub(crate) fn connect_qp(
+    node: &mut Node,
+    peer_ip: Ipv4Addr,
+    peer_qpn: u32,
+    opts: &Opts,
+    side: Side,
+) {
     let (access, sq_psn, rq_psn) = match side {
         Side::A => (opts.a_access, opts.a_psn, opts.b_psn),
         Side::B => (opts.b_access, opts.b_psn, opts.a_psn),
@@ -362,6 +368,14 @@ fn connect_qp(node: &mut Node, peer_ip: Ipv4Addr, peer_qpn: u32, opts: &Opts, si
         ..QpAttr::default()
     };
     let now = Instant::ZERO;
+    if node.state() != QpState::Reset {
+        let reset = QpAttr {
+            qp_state: QpState::Reset,
+            ..attr
+        };
+        node.modify(now, &reset, verbs_api::QpAttrMask::STATE)
+            .unwrap();
+    }
     let init_mask = if opts.recovery == Recovery::Ibta {
         connect::INIT_MASK
     } else {

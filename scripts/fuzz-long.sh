@@ -7,10 +7,15 @@
 # `cargo fuzz cmin` does, but into the committed directory, so no committed seed or reproducer
 # is ever removed), ready to commit.
 #
-#   scripts/fuzz-long.sh TARGET... --budget SECONDS [--runs N] [--jobs N] [--no-merge]
+#   scripts/fuzz-long.sh TARGET... --budget SECONDS [--cpu-budget SECONDS] [--runs N] [--jobs N]
+#                        [--no-merge]
 #   scripts/fuzz-long.sh all --budget 3600          # every target (cargo fuzz list)
 #   scripts/fuzz-long.sh wire_decode --budget 3600 --runs 10000000   # stop at 10 M executions
 #
+# --cpu-budget S ends a target once the fuzzer's processes have used S seconds of CPU (user +
+# system, read from /proc every 10 s), or at the wall budget, whichever comes first: on a shared
+# machine at `nice -n 19`, "one CPU-hour" is `--budget 14400 --cpu-budget 3600`. The fuzzer is
+# stopped with SIGINT, so libFuzzer still prints its final statistics; that stop is not a crash.
 # --runs N ends a target after N executions (libFuzzer -runs) or at the budget, whichever comes
 # first. The cpu-s column is the CPU time (user + system) the fuzzer and its children used, read
 # by /usr/bin/time, so a record made at `nice -n 19` on a shared machine still says how much
@@ -21,11 +26,15 @@
 # nightly toolchain / cargo-fuzz. Logs: target/fuzz-long/<target>.log.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-usage() { echo "usage: $0 TARGET...|all --budget SECONDS [--runs N] [--jobs N] [--no-merge]" >&2; exit 2; }
-targets=() budget='' runs='' jobs=1 merge=1
+usage() {
+  echo "usage: $0 TARGET...|all --budget SECONDS [--cpu-budget SECONDS] [--runs N] [--jobs N] [--no-merge]" >&2
+  exit 2
+}
+targets=() budget='' cpu_budget='' runs='' jobs=1 merge=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget) budget=${2:-}; shift ;;
+    --cpu-budget) cpu_budget=${2:-}; shift ;;
     --runs) runs=${2:-}; shift ;;
     --jobs) jobs=${2:-}; shift ;;
     --no-merge) merge=0 ;;
@@ -38,6 +47,7 @@ done
 [[ "$budget" =~ ^[1-9][0-9]*$ ]] || usage
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || usage
 [ -z "$runs" ] || [[ "$runs" =~ ^[1-9][0-9]*$ ]] || usage
+[ -z "$cpu_budget" ] || [[ "$cpu_budget" =~ ^[1-9][0-9]*$ ]] || usage
 [ -x /usr/bin/time ] || { echo "fuzz-long: /usr/bin/time is needed for the CPU column (Debian: time)" >&2; exit 2; }
 [ ${#targets[@]} -gt 0 ] || usage
 cargo +nightly --version >/dev/null 2>&1 || { echo "fuzz-long: no nightly toolchain" >&2; exit 2; }
@@ -52,6 +62,50 @@ logs=$ROOT/target/fuzz-long
 mkdir -p "$logs"
 cargo +nightly fuzz build >&2
 count() { find "$1" -maxdepth 1 -type f | wc -l; }
+tck=$(getconf CLK_TCK)
+# descendants PID: PID and every process below it (from the parent field of /proc/*/stat).
+descendants() {
+  local -A kids=()
+  local f line rest ppid pid all=("$1") i=0
+  for f in /proc/[0-9]*/stat; do
+    read -r line <"$f" 2>/dev/null || continue
+    rest=${line##*) }
+    read -r _ ppid _ <<<"$rest"
+    pid=${f#/proc/}
+    kids[$ppid]+=" ${pid%/stat}"
+  done
+  while [ "$i" -lt ${#all[@]} ]; do
+    for pid in ${kids[${all[$i]}]:-}; do all+=("$pid"); done
+    i=$((i + 1))
+  done
+  echo "${all[@]}"
+}
+# cpu_of PID...: CPU seconds (user + system, with reaped children) of the processes.
+cpu_of() {
+  local p line ticks=0 f
+  for p in "$@"; do
+    read -r line <"/proc/$p/stat" 2>/dev/null || continue
+    read -r -a f <<<"${line##*) }"
+    ticks=$((ticks + f[11] + f[12] + f[13] + f[14]))
+  done
+  echo $((ticks / tck))
+}
+# watch_cpu PID LIMIT: SIGINT to the libFuzzer process below PID once the tree has used LIMIT
+# CPU seconds; leaves a mark file so the stop is not taken for a crash.
+watch_cpu() {
+  local top=$1 limit=$2 mark=$3 tree p
+  while kill -0 "$top" 2>/dev/null; do
+    sleep 10
+    read -r -a tree <<<"$(descendants "$top")"
+    if [ "$(cpu_of "${tree[@]}")" -ge "$limit" ]; then
+      touch "$mark"
+      for p in "${tree[@]}"; do
+        [ "$(basename "$(readlink "/proc/$p/exe" 2>/dev/null)")" = "$t" ] && kill -INT "$p" 2>/dev/null
+      done
+      return
+    fi
+  done
+}
 crashed=()
 rows=()
 for t in "${targets[@]}"; do
@@ -68,8 +122,16 @@ for t in "${targets[@]}"; do
   rc=0
   # New inputs go to the scratch directory; the committed corpus is read only here.
   cpufile=$logs/$t.cpu
+  mark=$logs/$t.cpu-budget-reached
+  rm -f "$mark"
   /usr/bin/time -f '%U %S' -o "$cpufile" cargo +nightly fuzz run "$t" "$scratch" "$corpus" -- \
-    -max_total_time="$budget" -print_final_stats=1 "${extra[@]}" >"$log" 2>&1 || rc=$?
+    -max_total_time="$budget" -print_final_stats=1 "${extra[@]}" >"$log" 2>&1 &
+  fuzz_pid=$!
+  [ -z "$cpu_budget" ] || watch_cpu "$fuzz_pid" "$cpu_budget" "$mark" &
+  wait "$fuzz_pid" || rc=$?
+  wait || true
+  # Stopped at the CPU budget: libFuzzer exits 72 after "run interrupted", not a crash.
+  if [ -f "$mark" ] && [ "$rc" -ne 0 ] && grep -q 'run interrupted' "$log"; then rc=0; fi
   cpu=$(awk 'END { if (NF == 2) printf "%.0f", $1 + $2; else print "?" }' "$cpufile")
   execs=$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
   [ -n "$execs" ] || execs=$(grep -oE 'Done [0-9]+ runs' "$log" | grep -oE '[0-9]+' | tail -1 || true)

@@ -68,7 +68,7 @@ descendants() {
   local -A kids=()
   local f line rest ppid pid all=("$1") i=0
   for f in /proc/[0-9]*/stat; do
-    read -r line <"$f" 2>/dev/null || continue
+    read -r line 2>/dev/null <"$f" || continue
     rest=${line##*) }
     read -r _ ppid _ <<<"$rest"
     pid=${f#/proc/}
@@ -84,7 +84,7 @@ descendants() {
 cpu_of() {
   local p line ticks=0 f
   for p in "$@"; do
-    read -r line <"/proc/$p/stat" 2>/dev/null || continue
+    read -r line 2>/dev/null <"/proc/$p/stat" || continue
     read -r -a f <<<"${line##*) }"
     ticks=$((ticks + f[11] + f[12] + f[13] + f[14]))
   done

@@ -239,14 +239,7 @@ pub(crate) fn take_next_held(rc: &mut RcState) -> Option<Held> {
 pub(crate) fn bitmap(rc: &RcState, psn: Psn) -> SackBitmap {
     let base = psn.wrapping_add(1);
     let mut bits = SackBitmap::first(u32::try_from(rc.epsn.diff(base)).unwrap_or(0));
-    for (k, h) in rc.sr.held.iter() {
-        let start = i64::from(k.diff(base));
-        for j in 0..i64::from(h.span.min(SACK_SPAN)) {
-            if let Ok(off) = u32::try_from(start + j) {
-                bits.set(off);
-            }
-        }
-    }
+    rc.sr.held.add_to(&mut bits, base);
     bits
 }
 

@@ -328,3 +328,154 @@ impl fmt::Debug for Units {
             .finish()
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// A unit reported received and then sent again (a go-back-N resend of a READ) counts its
+    /// new transmission as delivered when it is reported again; reported again without being
+    /// sent again, it adds nothing.
+    #[test]
+    fn a_unit_sent_again_after_its_report_counts_its_new_transmission() {
+        let mut units = Units::default();
+        for (k, seq) in [(10, 1), (11, 2), (12, 3)] {
+            units.sent(Psn::new(k), seq);
+        }
+        let mut b = SackBitmap::default();
+        b.set(1); // PSN 11: bit 0 is PSN 10, the one after the SACK's PSN
+        let sack = Psn::new(9);
+        assert_eq!(units.report(sack, &b, Psn::new(13)), 2);
+        assert_eq!(units.report(sack, &b, Psn::new(13)), 0, "nothing new");
+        units.sent(Psn::new(11), 7);
+        assert_eq!(units.report(sack, &b, Psn::new(13)), 7);
+        assert_eq!((units.sacked(), units.high()), (1, Some(Psn::new(11))));
+        // Bits at or after sent_high name nothing sent.
+        b.set(3);
+        units.sent(Psn::new(13), 8);
+        assert_eq!(units.report(sack, &b, Psn::new(13)), 0);
+        assert_eq!(units.report(sack, &b, Psn::new(14)), 8);
+    }
+
+    /// Random transmissions, resends, selective ACKs, acknowledgements, holes queued and
+    /// rewinds (across the PSN wrap) agree with a plain map walked in full per step, as the
+    /// requester did before the indexes: units reported, the delivered sequence number, the
+    /// highest unit reported and the holes old enough.
+    #[test]
+    fn the_indexes_agree_with_a_map_walked_in_full() {
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut rnd = |n: u32| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            u32::try_from(x % u64::from(n)).unwrap()
+        };
+        let start = Psn::new(0xFF_FE00);
+        let psn = |off: u32| start.wrapping_add(off);
+        let mut units = Units::default();
+        let mut map: BTreeMap<u32, Unit> = BTreeMap::new();
+        let (mut comp, mut high_sent, mut seq, mut delivered) = (0u32, 0u32, 0u64, 0u64);
+        for _ in 0..30_000 {
+            match rnd(10) {
+                0..=3 if high_sent - comp < 600 => {
+                    // A new unit: one PSN, or a READ of several.
+                    seq += 1;
+                    units.sent(psn(high_sent), seq);
+                    let u = map.entry(high_sent).or_default();
+                    (u.seq, u.queued) = (seq, false);
+                    high_sent += if rnd(8) == 0 { 1 + rnd(20) } else { 1 };
+                }
+                4 if !map.is_empty() => {
+                    // A resend of an existing unit.
+                    let keys: Vec<u32> = map.keys().copied().collect();
+                    let k = keys[rnd(u32::try_from(keys.len()).unwrap()) as usize];
+                    seq += 1;
+                    units.sent(psn(k), seq);
+                    let u = map.get_mut(&k).unwrap();
+                    (u.seq, u.queued) = (seq, false);
+                }
+                5 | 6 => {
+                    // A selective ACK at a PSN from comp to sent_high, sometimes acknowledged.
+                    let at = comp + rnd(high_sent - comp + 1);
+                    let mut b = SackBitmap::default();
+                    let bits = if rnd(2) == 0 { rnd(4) } else { rnd(300) };
+                    for _ in 0..bits {
+                        b.set(rnd(SACK_SPAN + 8));
+                    }
+                    let got = units.report(psn(at), &b, psn(high_sent));
+                    let mut want = 0;
+                    for (&k, u) in &mut map {
+                        let hit = k < at
+                            || (k > at && k - at - 1 < high_sent - at - 1 && b.has(k - at - 1));
+                        if hit {
+                            want = want.max(u.seq);
+                            u.sacked = true;
+                        }
+                    }
+                    assert_eq!(delivered.max(got), delivered.max(want));
+                    delivered = delivered.max(want);
+                    if rnd(2) == 0 {
+                        comp = at;
+                        units.forget_before(psn(comp));
+                        map.retain(|&k, _| k >= comp);
+                    }
+                }
+                7 | 8 => {
+                    let limit = delivered.saturating_sub(u64::from(rnd(10)));
+                    let high = map.iter().filter(|(_, u)| u.sacked).map(|(&k, _)| k).max();
+                    let mut want: Vec<u32> = map
+                        .iter()
+                        .filter(|&(&k, u)| {
+                            high.is_some_and(|h| k < h) && !u.sacked && !u.queued && u.seq <= limit
+                        })
+                        .map(|(&k, _)| k)
+                        .collect();
+                    let mut got: Vec<u32> = units
+                        .old_holes(psn(comp), limit)
+                        .iter()
+                        .map(|p| u32::try_from(p.diff(start)).unwrap())
+                        .collect();
+                    got.sort_unstable();
+                    want.sort_unstable();
+                    assert_eq!(got, want);
+                    for k in got {
+                        units.get_mut(psn(k)).unwrap().queued = true;
+                        map.get_mut(&k).unwrap().queued = true;
+                    }
+                }
+                9 => {
+                    units.unqueue_all(delivered);
+                    map.values_mut().for_each(|u| u.queued = false);
+                }
+                _ => {}
+            }
+            let got: Vec<(u32, bool, bool, u64)> = units
+                .iter()
+                .map(|(p, u)| {
+                    (
+                        u32::try_from(p.diff(start)).unwrap(),
+                        u.sacked,
+                        u.queued,
+                        u.seq,
+                    )
+                })
+                .collect();
+            let want: Vec<(u32, bool, bool, u64)> = map
+                .iter()
+                .map(|(&k, u)| (k, u.sacked, u.queued, u.seq))
+                .collect();
+            assert_eq!(got, want);
+            let sacked = map.values().filter(|u| u.sacked).count();
+            assert_eq!(units.sacked(), i32::try_from(sacked).unwrap());
+            let high = map
+                .iter()
+                .filter(|(_, u)| u.sacked)
+                .map(|(&k, _)| psn(k))
+                .next_back();
+            assert_eq!(units.high(), high);
+        }
+    }
+}

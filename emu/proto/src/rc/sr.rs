@@ -4,7 +4,8 @@
 //! sees because a QP left at `Recovery::Ibta` never sends one and drops any it receives.
 //!
 //! * Responder: a request up to [`SACK_SPAN`] PSNs ahead of ePSN is *held* instead of drawing
-//!   a sequence NAK, and answered with a selective ACK. An RDMA WRITE packet without
+//!   a sequence NAK; a selective ACK answers the first one held past a gap, then every
+//!   [`SACK_EVERY`]th, one asking for an ACK and a duplicate (`sack_due`). An RDMA WRITE packet without
 //!   immediate data whose place is known (it opens its message, or the message open in order
 //!   or a held packet placed before it covers its PSN) and that passes the in-order path's own
 //!   checks is placed in memory on arrival and held without its payload
@@ -67,6 +68,10 @@ const WINDOW: i32 = SACK_SPAN as i32;
 /// (`emu-sim` `sr_goodput`, 1 % loss: 0.852× with the window equal to the flight).
 const FLIGHT: i32 = 128;
 
+/// Past a gap, a selective ACK goes out for every this many packets held (and for the first
+/// one, and for one asking for an ACK): see `sack_due`.
+const SACK_EVERY: u32 = 8;
+
 /// The shortest probe interval.
 const MIN_PROBE: Duration = Duration::from_micros(100);
 
@@ -82,6 +87,8 @@ pub(crate) struct SrState {
     /// The in-order stages are running a held packet placed on arrival: RDMA WRITE checks it
     /// and advances, but does not write it again.
     pub(crate) replaying_placed: bool,
+    /// Packets held since the last selective ACK was queued ([`SACK_EVERY`]).
+    pub(crate) unreported: u32,
     // ---- requester ----
     /// Units in flight by PSN (a READ or atomic is one unit at its first PSN), and which are
     /// reported received (a READ counts once).
@@ -166,9 +173,10 @@ pub(crate) fn enabled(qp: &Qp) -> bool {
 
 // ---- responder -----------------------------------------------------------------------------
 
-/// Holds request `pkt`, `ahead` PSNs after ePSN, and queues a selective ACK; the first copy of
-/// it is offered to `place` (which places it in memory now, or declines), a duplicate is not.
-/// False if it is too far ahead to describe in a selective ACK (then it is dropped).
+/// Holds request `pkt`, `ahead` PSNs after ePSN, and queues a selective ACK if one is due
+/// ([`sack_due`]); the first copy of it is offered to `place` (which places it in memory now, or
+/// declines), a duplicate is not. False if it is too far ahead to describe in a selective ACK
+/// (then it is dropped).
 pub(crate) fn hold(
     qp: &mut Qp,
     pkt: &PacketRepr<'_>,
@@ -188,7 +196,9 @@ pub(crate) fn hold(
     let psn = pkt.bth.psn;
     let epsn = qp.rc.epsn;
     qp.rc.sr.held.discard_before(epsn);
-    if qp.rc.sr.held.contains(psn) {
+    let first = qp.rc.sr.held.is_empty();
+    let duplicate = qp.rc.sr.held.contains(psn);
+    if duplicate {
         qp.rc.stats.duplicate_request += 1;
     } else {
         let placed = place(qp, ahead);
@@ -208,8 +218,21 @@ pub(crate) fn hold(
         };
         qp.rc.sr.held.insert(psn, held);
     }
-    queue_sack(&mut qp.rc);
+    qp.rc.sr.unreported += 1;
+    if duplicate || sack_due(&qp.rc, pkt, first) {
+        queue_sack(&mut qp.rc);
+    }
     true
+}
+
+/// Whether packet `pkt`, just held, calls for a selective ACK: the first one held past a gap
+/// (the requester learns of the gap at once), one that asks for an ACK (a message's end, the
+/// stream's tail), or the [`SACK_EVERY`]th held since the last selective ACK. One selective ACK
+/// per packet held cost the requester and the responder a packet each way per packet past a
+/// gap; the requester's [`REORDER_THRESHOLD`] counts deliveries, so a hole is still detected
+/// within one selective ACK after it.
+fn sack_due(rc: &RcState, pkt: &PacketRepr<'_>, first: bool) -> bool {
+    first || pkt.bth.ack_req || rc.sr.unreported >= SACK_EVERY
 }
 
 /// The held packet placed on arrival nearest before `psn`: how many PSNs before, and where it
@@ -220,6 +243,7 @@ pub(crate) fn nearest_placed_before(rc: &RcState, psn: Psn) -> Option<(u32, Plac
 
 /// Queues a selective ACK for the current ePSN, merged into one still queued last.
 pub(crate) fn queue_sack(rc: &mut RcState) {
+    rc.sr.unreported = 0;
     let epsn = rc.epsn;
     match rc.responses.back_mut() {
         Some(Response::Sack { psn }) => *psn = epsn,

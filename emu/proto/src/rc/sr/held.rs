@@ -124,14 +124,18 @@ impl HeldRing {
         let Ok(n) = usize::try_from(psn.diff(self.base)) else {
             return;
         };
-        let n = n.min(self.slots.len());
-        let base = self.base;
-        let gone: Vec<(Psn, Held)> = (0u32..)
-            .zip(self.slots.drain(..n))
-            .filter_map(|(i, slot)| Some((base.wrapping_add(i), slot?)))
-            .collect();
-        for (p, held) in &gone {
-            self.left(*p, held);
+        if n == 0 {
+            return;
+        }
+        if self.len == 0 {
+            self.base = psn;
+            return;
+        }
+        for _ in 0..n.min(self.slots.len()) {
+            if let Some(Some(held)) = self.slots.pop_front() {
+                self.left(self.base, &held);
+            }
+            self.base = self.base.wrapping_add(1);
         }
         self.base = psn;
         if self.len == 0 {

@@ -210,3 +210,37 @@ fn in_order_request_that_fails_moves_the_qp_to_err() {
     );
     assert_eq!(p.b.state(), verbs_api::QpState::Err);
 }
+
+/// Past a gap the responder coalesces its selective ACKs: one for the first packet held (the
+/// requester learns of the gap at once), then one per eight held, one for a packet asking for
+/// an ACK and one for a duplicate of a held packet (its sender may have lost the last report).
+#[test]
+fn selective_acks_past_a_gap_go_for_the_first_every_eighth_an_ack_request_and_a_duplicate() {
+    let mut p = sr_pair(ALL_ACCESS);
+    p.b.post_recv(1, &[p.b.at(0, 8192)]);
+    let sack = Opcode::Unknown(emu_proto::wire::SACK_OPCODE);
+    let held = |n: u32| bitmap(&(0..n).collect::<Vec<_>>());
+    // P is missing.
+    let mut sent = Vec::new();
+    for k in 1..=10 {
+        let from = p.trace.len();
+        send_pkt(&mut p, SendMiddle, P + k, false);
+        p.transmit();
+        if !answers(&p, from).is_empty() {
+            sent.push((k, answers(&p, from)));
+        }
+    }
+    assert_eq!(
+        sent,
+        [(1, vec![(sack, P, held(1))]), (9, vec![(sack, P, held(9))])]
+    );
+    let from = p.trace.len();
+    send_pkt(&mut p, SendMiddle, P + 11, true);
+    p.transmit();
+    assert_eq!(answers(&p, from), [(sack, P, held(11))]);
+    let from = p.trace.len();
+    send_pkt(&mut p, SendMiddle, P + 5, false);
+    p.transmit();
+    assert_eq!(answers(&p, from), [(sack, P, held(11))]);
+    assert_eq!(p.b.stats().duplicate_request, 1);
+}

@@ -4,7 +4,8 @@
 //! sees because a QP left at `Recovery::Ibta` never sends one and drops any it receives.
 //!
 //! * Responder: a request up to [`SACK_SPAN`] PSNs ahead of ePSN is *held* instead of drawing
-//!   a sequence NAK, and answered with a selective ACK. An RDMA WRITE packet without
+//!   a sequence NAK; a selective ACK answers the first one held past a gap, then every
+//!   [`SACK_EVERY`]th, one asking for an ACK and a duplicate (`sack_due`). An RDMA WRITE packet without
 //!   immediate data whose place is known (it opens its message, or the message open in order
 //!   or a held packet placed before it covers its PSN) and that passes the in-order path's own
 //!   checks is placed in memory on arrival and held without its payload
@@ -34,7 +35,7 @@
 //!
 //! What it is not: IBTA behaviour. IBTA mode never reaches this module.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use verbs_api::{QpType, Recovery};
@@ -43,6 +44,12 @@ use super::{RcState, Response, packets};
 use crate::qp::Qp;
 use crate::time::Instant;
 use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN, SackBitmap};
+
+mod held;
+mod units;
+
+pub(crate) use held::HeldRing;
+pub(crate) use units::Units;
 
 /// A missing unit is resent once transmissions this many sequence numbers after its own have
 /// been delivered: reordering by fewer packets never causes a resend (issue 19 item 3). Eight
@@ -61,6 +68,10 @@ const WINDOW: i32 = SACK_SPAN as i32;
 /// (`emu-sim` `sr_goodput`, 1 % loss: 0.852× with the window equal to the flight).
 const FLIGHT: i32 = 128;
 
+/// Past a gap, a selective ACK goes out for every this many packets held (and for the first
+/// one, and for one asking for an ACK): see `sack_due`.
+const SACK_EVERY: u32 = 8;
+
 /// The shortest probe interval.
 const MIN_PROBE: Duration = Duration::from_micros(100);
 
@@ -72,15 +83,16 @@ const MAX_BACKOFF: u32 = 6;
 pub(crate) struct SrState {
     // ---- responder ----
     /// Requests received ahead of ePSN, by PSN.
-    pub(crate) held: BTreeMap<u32, Held>,
+    pub(crate) held: HeldRing,
     /// The in-order stages are running a held packet placed on arrival: RDMA WRITE checks it
     /// and advances, but does not write it again.
     pub(crate) replaying_placed: bool,
+    /// Packets held since the last selective ACK was queued ([`SACK_EVERY`]).
+    pub(crate) unreported: u32,
     // ---- requester ----
-    /// Units in flight by PSN (a READ or atomic is one unit at its first PSN).
-    pub(crate) units: BTreeMap<u32, Unit>,
-    /// Units in `units` reported received (a READ counts once).
-    pub(crate) sacked: i32,
+    /// Units in flight by PSN (a READ or atomic is one unit at its first PSN), and which are
+    /// reported received (a READ counts once).
+    pub(crate) units: Units,
     /// PSNs after `comp_psn` of READ responses placed on arrival (`completer`).
     pub(crate) read_placed: BTreeSet<u32>,
     /// Sequence number of the latest transmission.
@@ -161,9 +173,10 @@ pub(crate) fn enabled(qp: &Qp) -> bool {
 
 // ---- responder -----------------------------------------------------------------------------
 
-/// Holds request `pkt`, `ahead` PSNs after ePSN, and queues a selective ACK; the first copy of
-/// it is offered to `place` (which places it in memory now, or declines), a duplicate is not.
-/// False if it is too far ahead to describe in a selective ACK (then it is dropped).
+/// Holds request `pkt`, `ahead` PSNs after ePSN, and queues a selective ACK if one is due
+/// ([`sack_due`]); the first copy of it is offered to `place` (which places it in memory now, or
+/// declines), a duplicate is not. False if it is too far ahead to describe in a selective ACK
+/// (then it is dropped).
 pub(crate) fn hold(
     qp: &mut Qp,
     pkt: &PacketRepr<'_>,
@@ -180,8 +193,12 @@ pub(crate) fn hold(
         _ => 1,
     };
     qp.rc.stats.out_of_seq_request += 1;
-    let key = pkt.bth.psn.value();
-    if qp.rc.sr.held.contains_key(&key) {
+    let psn = pkt.bth.psn;
+    let epsn = qp.rc.epsn;
+    qp.rc.sr.held.discard_before(epsn);
+    let first = qp.rc.sr.held.is_empty();
+    let duplicate = qp.rc.sr.held.contains(psn);
+    if duplicate {
         qp.rc.stats.duplicate_request += 1;
     } else {
         let placed = place(qp, ahead);
@@ -199,29 +216,34 @@ pub(crate) fn hold(
             span,
             placed,
         };
-        qp.rc.sr.held.insert(key, held);
+        qp.rc.sr.held.insert(psn, held);
     }
-    queue_sack(&mut qp.rc);
+    qp.rc.sr.unreported += 1;
+    if duplicate || sack_due(&qp.rc, pkt, first) {
+        queue_sack(&mut qp.rc);
+    }
     true
+}
+
+/// Whether packet `pkt`, just held, calls for a selective ACK: the first one held past a gap
+/// (the requester learns of the gap at once), one that asks for an ACK (a message's end, the
+/// stream's tail), or the [`SACK_EVERY`]th held since the last selective ACK. One selective ACK
+/// per packet held cost the requester and the responder a packet each way per packet past a
+/// gap; the requester's [`REORDER_THRESHOLD`] counts deliveries, so a hole is still detected
+/// within one selective ACK after it.
+fn sack_due(rc: &RcState, pkt: &PacketRepr<'_>, first: bool) -> bool {
+    first || pkt.bth.ack_req || rc.sr.unreported >= SACK_EVERY
 }
 
 /// The held packet placed on arrival nearest before `psn`: how many PSNs before, and where it
 /// went.
 pub(crate) fn nearest_placed_before(rc: &RcState, psn: Psn) -> Option<(u32, Placed)> {
-    rc.sr
-        .held
-        .iter()
-        .filter_map(|(&k, h)| {
-            let before = u32::try_from(psn.diff(Psn::new(k)))
-                .ok()
-                .filter(|&b| b > 0)?;
-            Some((before, h.placed?))
-        })
-        .min_by_key(|&(before, _)| before)
+    rc.sr.held.nearest_placed_before(psn)
 }
 
 /// Queues a selective ACK for the current ePSN, merged into one still queued last.
 pub(crate) fn queue_sack(rc: &mut RcState) {
+    rc.sr.unreported = 0;
     let epsn = rc.epsn;
     match rc.responses.back_mut() {
         Some(Response::Sack { psn }) => *psn = epsn,
@@ -232,8 +254,8 @@ pub(crate) fn queue_sack(rc: &mut RcState) {
 /// The held request at ePSN, if any, after discarding held ones ePSN has passed.
 pub(crate) fn take_next_held(rc: &mut RcState) -> Option<Held> {
     let epsn = rc.epsn;
-    rc.sr.held.retain(|&k, _| !Psn::new(k).is_before(epsn));
-    rc.sr.held.remove(&epsn.value())
+    rc.sr.held.discard_before(epsn);
+    rc.sr.held.take(epsn)
 }
 
 /// The bitmap of a selective ACK whose BTH PSN is `psn`: PSNs after it executed since it was
@@ -241,14 +263,7 @@ pub(crate) fn take_next_held(rc: &mut RcState) -> Option<Held> {
 pub(crate) fn bitmap(rc: &RcState, psn: Psn) -> SackBitmap {
     let base = psn.wrapping_add(1);
     let mut bits = SackBitmap::first(u32::try_from(rc.epsn.diff(base)).unwrap_or(0));
-    for (&k, h) in &rc.sr.held {
-        let start = i64::from(Psn::new(k).diff(base));
-        for j in 0..i64::from(h.span.min(SACK_SPAN)) {
-            if let Ok(off) = u32::try_from(start + j) {
-                bits.set(off);
-            }
-        }
-    }
+    rc.sr.held.add_to(&mut bits, base);
     bits
 }
 
@@ -258,10 +273,7 @@ pub(crate) fn bitmap(rc: &RcState, psn: Psn) -> SackBitmap {
 pub(crate) fn sent(rc: &mut RcState, unit: Psn, now: Instant) {
     let sr = &mut rc.sr;
     sr.seq += 1;
-    let seq = sr.seq;
-    let u = sr.units.entry(unit.value()).or_default();
-    u.seq = seq;
-    u.queued = false;
+    sr.units.sent(unit, sr.seq);
     if rc.sr.probe_at.is_none() {
         rc.sr.probe_at = Some(now + probe_interval(rc));
     }
@@ -277,14 +289,7 @@ fn probe_interval(rc: &RcState) -> Duration {
 /// The responder acknowledged everything before `comp`: forget those units, restart the probe.
 pub(crate) fn progress(rc: &mut RcState, now: Instant) {
     let comp = rc.comp_psn;
-    let sacked = &mut rc.sr.sacked;
-    rc.sr.units.retain(|&k, u| {
-        let keep = !Psn::new(k).is_before(comp);
-        if !keep && u.sacked {
-            *sacked -= 1;
-        }
-        keep
-    });
+    rc.sr.units.forget_before(comp);
     rc.sr.read_placed.retain(|&k| !Psn::new(k).is_before(comp));
     rc.sr.backoff = 0;
     rc.sr.probe_at = comp
@@ -296,54 +301,50 @@ pub(crate) fn progress(rc: &mut RcState, now: Instant) {
 /// shows delivered raises the delivered sequence number; what it reports received is marked.
 pub(crate) fn note_sack(rc: &mut RcState, psn: Psn, bitmap: &SackBitmap) {
     rc.stats.sacks_rcvd += 1;
-    let base = psn.wrapping_add(1);
-    let sr = &mut rc.sr;
-    for (&k, u) in sr.units.iter_mut() {
-        let p = Psn::new(k);
-        let off = p.diff(base);
-        let received = p.is_before(psn) || u32::try_from(off).is_ok_and(|o| bitmap.has(o));
-        if received {
-            sr.delivered = sr.delivered.max(u.seq);
-            if !u.sacked {
-                u.sacked = true;
-                sr.sacked += 1;
-            }
-        }
-    }
+    let delivered = rc.sr.units.report(psn, bitmap, rc.sent_high);
+    rc.sr.delivered = rc.sr.delivered.max(delivered);
 }
 
 /// Queues for resend every unit before the highest one reported received that is still
 /// missing: all of them if `all` (the probe), else those [`REORDER_THRESHOLD`] transmissions
 /// older than the newest delivered one.
+///
+/// Without `all` it pops the units' hole candidates old enough ([`Units::old_holes`]) instead of
+/// walking every unit: a selective ACK costs what changed.
 pub(crate) fn queue_holes(rc: &mut RcState, all: bool) {
     let comp = rc.comp_psn;
     let sr = &mut rc.sr;
-    let high = sr
-        .units
-        .iter()
-        .filter(|(_, u)| u.sacked)
-        .map(|(&k, _)| Psn::new(k).diff(comp))
-        .max();
-    let mut holes: Vec<(i32, u32)> = sr
-        .units
-        .iter()
-        .filter(|(k, u)| {
-            let off = Psn::new(**k).diff(comp);
-            off >= 0
-                && high.is_some_and(|h| off < h)
-                && !u.sacked
-                && !u.queued
-                && (all || u.seq.saturating_add(REORDER_THRESHOLD) <= sr.delivered)
-        })
-        .map(|(&k, _)| (Psn::new(k).diff(comp), k))
-        .collect();
-    holes.sort_unstable();
-    for (_, k) in holes {
-        if let Some(u) = sr.units.get_mut(&k) {
+    let mut holes = if all {
+        all_holes(&sr.units, comp)
+    } else {
+        match sr.delivered.checked_sub(REORDER_THRESHOLD) {
+            Some(limit) => sr.units.old_holes(comp, limit),
+            None => return,
+        }
+    };
+    holes.sort_unstable_by_key(|p| p.diff(comp));
+    for p in holes {
+        if let Some(u) = sr.units.get_mut(p) {
             u.queued = true;
         }
-        sr.resend.push_back(Psn::new(k));
+        sr.resend.push_back(p);
     }
+}
+
+/// Every unit from `comp` on before the highest one reported received that is neither
+/// reported nor queued (the probe's holes).
+fn all_holes(units: &Units, comp: Psn) -> Vec<Psn> {
+    let Some(high) = units.high().map(|h| h.diff(comp)) else {
+        return Vec::new();
+    };
+    units
+        .iter()
+        .filter(|(p, u)| {
+            let off = p.diff(comp);
+            off >= 0 && off < high && !u.sacked && !u.queued
+        })
+        .map(|(p, _)| p)
+        .collect()
 }
 
 /// The probe fired: resend the oldest unacknowledged PSN and every unit still missing, and back
@@ -355,10 +356,10 @@ pub(crate) fn probe(rc: &mut RcState, now: Instant) -> bool {
         return false;
     }
     rc.stats.sr_probes += 1;
-    let queued = rc.sr.units.get(&comp.value()).is_some_and(|u| u.queued);
+    let queued = rc.sr.units.get(comp).is_some_and(|u| u.queued);
     if !queued && !rc.sr.resend.contains(&comp) {
         rc.sr.resend.push_front(comp);
-        if let Some(u) = rc.sr.units.get_mut(&comp.value()) {
+        if let Some(u) = rc.sr.units.get_mut(comp) {
             u.queued = true;
         }
     }
@@ -371,9 +372,8 @@ pub(crate) fn probe(rc: &mut RcState, now: Instant) -> bool {
 /// A go-back-N rewind resends everything not reported received: the resend queue is void.
 pub(crate) fn rewound(rc: &mut RcState) {
     rc.sr.resend.clear();
-    for u in rc.sr.units.values_mut() {
-        u.queued = false;
-    }
+    let delivered = rc.sr.delivered;
+    rc.sr.units.unqueue_all(delivered);
 }
 
 /// Whether the requester must wait: [`WINDOW`] PSNs after the oldest unacknowledged one are
@@ -383,30 +383,22 @@ pub(crate) fn rewound(rc: &mut RcState) {
 pub(crate) fn window_full(rc: &RcState) -> bool {
     let used = rc.req_psn.diff(rc.comp_psn);
     let new = !rc.req_psn.is_before(rc.sent_high);
-    used >= WINDOW || (new && used - rc.sr.sacked >= FLIGHT)
+    used >= WINDOW || (new && used - rc.sr.units.sacked() >= FLIGHT)
 }
 
 /// Whether unit `psn` was reported received.
 pub(crate) fn is_sacked(rc: &RcState, psn: Psn) -> bool {
-    rc.sr.units.get(&psn.value()).is_some_and(|u| u.sacked)
+    rc.sr.units.get(psn).is_some_and(|u| u.sacked)
 }
 
 /// Shifts every transmission sequence number down by the smallest one still compared (only
 /// their differences steer the requester): states that differ in history only compare equal
 /// (`Hca::canonical_state`).
 pub(crate) fn rebase_seq(sr: &mut SrState) {
-    let base = sr
-        .units
-        .values()
-        .map(|u| u.seq)
-        .chain([sr.delivered])
-        .min()
-        .unwrap_or(0);
+    let base = sr.units.min_seq().unwrap_or(sr.delivered).min(sr.delivered);
     sr.seq -= base.min(sr.seq);
     sr.delivered -= base;
-    for u in sr.units.values_mut() {
-        u.seq -= base;
-    }
+    sr.units.rebase(base, sr.delivered);
 }
 
 #[cfg(test)]
@@ -436,8 +428,7 @@ mod tests {
             ..RcState::default()
         };
         for &(k, u) in units {
-            rc.sr.units.insert(k, u);
-            rc.sr.sacked += i32::from(u.sacked);
+            rc.sr.units.insert(Psn::new(k), u);
         }
         rc
     }
@@ -492,10 +483,16 @@ mod tests {
     #[test]
     fn nearest_placed_before_is_the_closest_placed_packet_strictly_before() {
         let mut rc = RcState::default();
-        rc.sr.held.insert(10, held(10, 1, Some(placed(1)), &[]));
-        rc.sr.held.insert(12, held(12, 1, None, b"x"));
-        rc.sr.held.insert(14, held(14, 1, Some(placed(2)), &[]));
-        rc.sr.held.insert(20, held(20, 1, Some(placed(3)), &[]));
+        rc.sr
+            .held
+            .insert(Psn::new(10), held(10, 1, Some(placed(1)), &[]));
+        rc.sr.held.insert(Psn::new(12), held(12, 1, None, b"x"));
+        rc.sr
+            .held
+            .insert(Psn::new(14), held(14, 1, Some(placed(2)), &[]));
+        rc.sr
+            .held
+            .insert(Psn::new(20), held(20, 1, Some(placed(3)), &[]));
         assert_eq!(
             nearest_placed_before(&rc, Psn::new(16)),
             Some((2, placed(2)))
@@ -549,13 +546,20 @@ mod tests {
             ..RcState::default()
         };
         for k in [5, 7, 9] {
-            rc.sr.held.insert(k, held(k, 1, None, b"p"));
+            rc.sr.held.insert(Psn::new(k), held(k, 1, None, b"p"));
         }
         let h = take_next_held(&mut rc).unwrap();
         assert_eq!(h.hdrs.bth.psn, Psn::new(7));
-        assert_eq!(rc.sr.held.keys().copied().collect::<Vec<_>>(), [9]);
+        assert_eq!(
+            rc.sr
+                .held
+                .iter()
+                .map(|(p, _)| p.value())
+                .collect::<Vec<_>>(),
+            [9]
+        );
         assert!(take_next_held(&mut rc).is_none());
-        assert_eq!(rc.sr.held.len(), 1);
+        assert_eq!(rc.sr.held.iter().count(), 1);
     }
 
     #[test]
@@ -566,12 +570,12 @@ mod tests {
             epsn: Psn::new(13),
             ..RcState::default()
         };
-        rc.sr.held.insert(15, held(15, 1, None, b"p"));
-        rc.sr.held.insert(20, held(20, 3, None, &[]));
+        rc.sr.held.insert(Psn::new(15), held(15, 1, None, b"p"));
+        rc.sr.held.insert(Psn::new(20), held(20, 3, None, &[]));
         let b = bitmap(&rc, Psn::new(10));
         let set: Vec<u32> = (0..SACK_SPAN).filter(|&i| b.has(i)).collect();
         assert_eq!(set, [0, 1, 4, 9, 10, 11]);
-        rc.sr.held.insert(30, held(30, 1000, None, &[]));
+        rc.sr.held.insert(Psn::new(30), held(30, 1000, None, &[]));
         let b = bitmap(&rc, Psn::new(10));
         assert_eq!((0..SACK_SPAN).filter(|&i| b.has(i)).count(), 6 + 512 - 19);
         // A SACK queued before the gap closed: nothing executed after it is claimed before it.
@@ -582,14 +586,17 @@ mod tests {
     #[test]
     fn a_transmission_gets_the_next_sequence_number_and_arms_the_probe_once() {
         let mut rc = RcState::default();
-        rc.sr.units.insert(5, unit(0, false, true));
+        rc.sr.units.insert(Psn::new(5), unit(0, false, true));
         sent(&mut rc, Psn::new(5), at(10));
         assert_eq!(rc.sr.seq, 1);
-        let u = rc.sr.units[&5];
+        let u = *rc.sr.units.get(Psn::new(5)).unwrap();
         assert_eq!((u.seq, u.queued), (1, false));
         assert_eq!(rc.sr.probe_at, Some(at(110)), "MIN_PROBE after now");
         sent(&mut rc, Psn::new(6), at(50));
-        assert_eq!((rc.sr.seq, rc.sr.units[&6].seq), (2, 2));
+        assert_eq!(
+            (rc.sr.seq, rc.sr.units.get(Psn::new(6)).unwrap().seq),
+            (2, 2)
+        );
         assert_eq!(rc.sr.probe_at, Some(at(110)), "already armed");
     }
 
@@ -625,15 +632,22 @@ mod tests {
         rc.sr.read_placed.extend([4, 7]);
         rc.sr.backoff = 3;
         progress(&mut rc, at(1000));
-        assert_eq!(rc.sr.units.keys().copied().collect::<Vec<_>>(), [6, 7]);
-        assert_eq!(rc.sr.sacked, 1);
+        assert_eq!(
+            rc.sr
+                .units
+                .iter()
+                .map(|(p, _)| p.value())
+                .collect::<Vec<_>>(),
+            [6, 7]
+        );
+        assert_eq!(rc.sr.units.sacked(), 1);
         assert_eq!(rc.sr.read_placed.iter().copied().collect::<Vec<_>>(), [7]);
         assert_eq!(rc.sr.backoff, 0);
         assert_eq!(rc.sr.probe_at, Some(at(1100)));
         rc.comp_psn = Psn::new(8);
         progress(&mut rc, at(2000));
         assert!(rc.sr.units.is_empty());
-        assert_eq!((rc.sr.sacked, rc.sr.probe_at), (0, None));
+        assert_eq!((rc.sr.units.sacked(), rc.sr.probe_at), (0, None));
     }
 
     #[test]
@@ -656,12 +670,16 @@ mod tests {
             .units
             .iter()
             .filter(|(_, u)| u.sacked)
-            .map(|(&k, _)| k)
+            .map(|(p, _)| p.value())
             .collect();
         assert_eq!(sacked, [3, 6]);
-        assert_eq!((rc.sr.sacked, rc.sr.delivered), (2, 3));
+        assert_eq!((rc.sr.units.sacked(), rc.sr.delivered), (2, 3));
         note_sack(&mut rc, Psn::new(5), &b);
-        assert_eq!((rc.sr.sacked, rc.stats.sacks_rcvd), (2, 2), "counted once");
+        assert_eq!(
+            (rc.sr.units.sacked(), rc.stats.sacks_rcvd),
+            (2, 2),
+            "counted once"
+        );
         assert!(is_sacked(&rc, Psn::new(6)) && !is_sacked(&rc, Psn::new(5)));
         assert!(!is_sacked(&rc, Psn::new(4)));
     }
@@ -693,8 +711,11 @@ mod tests {
         let mut rc = holes_fixture();
         queue_holes(&mut rc, false);
         assert_eq!(resend(&rc), [10, 14]);
-        assert!(rc.sr.units[&10].queued && rc.sr.units[&14].queued);
-        assert!(!rc.sr.units[&13].queued);
+        assert!(
+            rc.sr.units.get(Psn::new(10)).unwrap().queued
+                && rc.sr.units.get(Psn::new(14)).unwrap().queued
+        );
+        assert!(!rc.sr.units.get(Psn::new(13)).unwrap().queued);
         queue_holes(&mut rc, false);
         assert_eq!(resend(&rc), [10, 14], "not queued twice");
         queue_holes(&mut rc, true);
@@ -757,7 +778,10 @@ mod tests {
         );
         assert!(probe(&mut rc, at(0)));
         assert_eq!(resend(&rc), [10]);
-        assert!(rc.sr.units[&10].queued && !rc.sr.units[&11].queued);
+        assert!(
+            rc.sr.units.get(Psn::new(10)).unwrap().queued
+                && !rc.sr.units.get(Psn::new(11)).unwrap().queued
+        );
         // The oldest is in the resend queue without being marked (no unit for it): not twice.
         let mut rc = requester(10, 12, &[(11, unit(1, true, false))]);
         rc.sr.resend.push_back(Psn::new(10));
@@ -780,14 +804,17 @@ mod tests {
         queue_holes(&mut rc, true);
         rewound(&mut rc);
         assert!(rc.sr.resend.is_empty());
-        assert!(rc.sr.units.values().all(|u| !u.queued));
+        assert!(rc.sr.units.iter().map(|(_, u)| u).all(|u| !u.queued));
     }
 
     #[test]
     fn window_holds_512_psns_and_the_flight_128_not_reported_received() {
         let full = |used: u32, sacked: i32, resending: bool| {
-            let mut rc = requester(100, 100 + used, &[]);
-            rc.sr.sacked = sacked;
+            let reported: Vec<(u32, Unit)> = (0..sacked.unsigned_abs())
+                .map(|i| (100 + i, unit(0, true, false)))
+                .collect();
+            let mut rc = requester(100, 100 + used, &reported);
+            assert_eq!(rc.sr.units.sacked(), sacked);
             if resending {
                 rc.req_psn = Psn::new(100 + used - 1);
             }
@@ -812,11 +839,14 @@ mod tests {
             delivered: 7,
             ..SrState::default()
         };
-        sr.units.insert(1, unit(5, false, false));
-        sr.units.insert(2, unit(9, true, false));
+        sr.units.insert(Psn::new(1), unit(5, false, false));
+        sr.units.insert(Psn::new(2), unit(9, true, false));
         rebase_seq(&mut sr);
         assert_eq!((sr.seq, sr.delivered), (7, 2));
-        assert_eq!(sr.units.values().map(|u| u.seq).collect::<Vec<_>>(), [0, 4]);
+        assert_eq!(
+            sr.units.iter().map(|(_, u)| u.seq).collect::<Vec<_>>(),
+            [0, 4]
+        );
         let mut sr = SrState {
             seq: 10,
             delivered: 3,

@@ -1,10 +1,12 @@
 //! Emitting one packet into the caller's transmit buffer with its payload copied straight from
 //! MR memory (one copy), then pad and ICRC.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use crate::memory::MemoryFault;
-use crate::wire::{BTH_LEN, Bth, ICRC_LEN, IpContext, PacketRepr, WireError, fill_icrc, pad_len};
+use crate::wire::{
+    BTH_LEN, Bth, ICRC_LEN, IpAddrs, IpContext, PacketRepr, WireError, fill_icrc, pad_len,
+};
 
 /// The largest RoCEv2 UDP payload the engine emits: a 4096-byte MTU payload plus the largest
 /// header set and the ICRC.
@@ -47,18 +49,24 @@ impl From<MemoryFault> for TxError {
     }
 }
 
-/// The IP context of a packet from `src` to `dst:dst_port`, from UDP port `src_port`.
+/// The IP context of a packet from `src` to `dst:dst_port`, from UDP port `src_port`
+/// (what [`IpContext::between`] gives for the two socket addresses, without building them).
 pub(crate) fn ip_context(
     src: IpAddr,
     dst: IpAddr,
     src_port: u16,
     dst_port: u16,
 ) -> Result<IpContext, TxError> {
-    IpContext::between(
-        SocketAddr::new(src, src_port),
-        SocketAddr::new(dst, dst_port),
-    )
-    .ok_or(TxError::AddressFamily)
+    let addrs = match (src, dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => IpAddrs::V4 { src, dst, ident: 0 },
+        (IpAddr::V6(src), IpAddr::V6(dst)) => IpAddrs::V6 { src, dst },
+        _ => return Err(TxError::AddressFamily),
+    };
+    Ok(IpContext {
+        addrs,
+        src_port,
+        dst_port,
+    })
 }
 
 /// Writes `hdrs` (whose `payload` must be empty) followed by `payload_len` bytes produced by

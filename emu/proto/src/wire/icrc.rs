@@ -175,7 +175,15 @@ mod small {
             w.copy_from_slice(c);
             crc = word(crc, u64::from_le_bytes(w));
         }
-        for &b in chunks.remainder() {
+        let mut rest = chunks.remainder();
+        // Packets are padded to 4 bytes: a 4-byte step (slice-by-4) before single bytes.
+        if let Some((four, tail)) = rest.split_first_chunk::<4>() {
+            let x = crc ^ u32::from_le_bytes(*four);
+            let b = |k: u32| ((x >> (8 * k)) & 0xFF) as usize;
+            crc = TABLE[3][b(0)] ^ TABLE[2][b(1)] ^ TABLE[1][b(2)] ^ TABLE[0][b(3)];
+            rest = tail;
+        }
+        for &b in rest {
             crc = TABLE[0][((crc ^ u32::from(b)) & 0xFF) as usize] ^ (crc >> 8);
         }
         crc
@@ -186,25 +194,37 @@ mod small {
 /// packets share a handful of lengths, so the IP/UDP headers are rebuilt and hashed once per
 /// (path, length) instead of once per packet. A pure cache: a miss computes the same value.
 mod prefix_cache {
-    use core::cell::Cell;
+    use core::cell::RefCell;
 
     use super::IpContext;
 
     /// Entries kept; replaced round-robin.
     const SLOTS: usize = 4;
 
-    type Entry = Option<(IpContext, usize, u32)>;
+    /// A UDP payload length, its context and the prefix CRC.
+    type Entry = Option<(usize, IpContext, u32)>;
+
+    /// The entries and the next one to replace.
+    struct Slots {
+        entries: [Entry; SLOTS],
+        next: usize,
+    }
 
     thread_local! {
-        static SLOT: [Cell<Entry>; SLOTS] = const { [const { Cell::new(None) }; SLOTS] };
-        static NEXT: Cell<usize> = const { Cell::new(0) };
+        // Compared in place (a `Cell` per entry would copy each one out to look at it).
+        static CACHE: RefCell<Slots> = const {
+            RefCell::new(Slots {
+                entries: [None; SLOTS],
+                next: 0,
+            })
+        };
     }
 
     /// The cached prefix CRC for `ip` and a `len`-byte UDP payload, if any.
     pub(super) fn get(ip: &IpContext, len: usize) -> Option<u32> {
-        SLOT.with(|slots| {
-            slots.iter().find_map(|slot| match slot.get() {
-                Some((c, l, crc)) if l == len && c == *ip => Some(crc),
+        CACHE.with_borrow(|c| {
+            c.entries.iter().find_map(|slot| match slot {
+                Some((l, c, crc)) if *l == len && c == ip => Some(*crc),
                 _ => None,
             })
         })
@@ -212,12 +232,13 @@ mod prefix_cache {
 
     /// Remembers `crc` for `ip` and `len`, evicting the oldest entry.
     pub(super) fn put(ip: &IpContext, len: usize, crc: u32) {
-        let at = NEXT.with(|n| {
-            let at = n.get();
-            n.set((at + 1) % SLOTS);
-            at
+        CACHE.with_borrow_mut(|c| {
+            let at = c.next;
+            c.next = (at + 1) % SLOTS;
+            if let Some(slot) = c.entries.get_mut(at) {
+                *slot = Some((len, *ip, crc));
+            }
         });
-        SLOT.with(|slots| slots[at].set(Some((*ip, len, crc))));
     }
 }
 

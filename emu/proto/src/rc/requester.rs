@@ -494,6 +494,12 @@ fn build(
         }
         w.tx.next_pkt = next_pkt;
     }
+    // The WQE's last packet is out: step past it now, as the requester's next turn would do
+    // before anything else, so that turn (a no-op otherwise) can be skipped (`Hca::poll_transmit`
+    // skips an idle QP). Not while resending an earlier packet out of turn.
+    if next_pkt >= t.npkts && !rc.sr.resending && rc.req_index == idx {
+        rc.req_index = idx + 1;
+    }
     let end = t.first_psn.wrapping_add(next_pkt);
     if end.is_after(rc.req_psn) || next_pkt == t.npkts {
         rc.req_psn = end;

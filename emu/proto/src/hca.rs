@@ -893,6 +893,7 @@ impl Hca {
             rq: VecDeque::new(),
             rc: crate::rc::RcState::default(),
             peer_ip: QpAttr::default().ah_attr.dgid.to_ip(),
+            tx: rc::tx::TxTemplate::default(),
         })
     }
 

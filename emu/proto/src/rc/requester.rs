@@ -372,7 +372,8 @@ fn build(
     let rd = wqe.op.is_read_or_atomic();
     let i = t.next_pkt;
     let psn = t.first_psn.wrapping_add(i);
-    let ip = tx::ip_context(src.ip(), qp.peer_ip, src.port(), qp.attr.ah_attr.udp_dport)?;
+    let tpl = &mut qp.tx;
+    tpl.prepare(src, qp.peer_ip, qp.attr.ah_attr.udp_dport)?;
     let bth = |opcode: Opcode, ack_req: bool, solicited: bool| BthRepr {
         opcode,
         solicited,
@@ -397,7 +398,7 @@ fn build(
                 reth: Some(reth),
                 ..PacketRepr::new(bth(Opcode::RdmaReadRequest, true, false), &[])
             };
-            let len = tx::emit(&hdrs, 0, &ip, buf, |_| Ok(()))?;
+            let len = tx::emit(&hdrs, 0, tpl, buf, |_| Ok(()))?;
             (len, t.npkts, 0, true)
         }
         SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. } => {
@@ -435,7 +436,7 @@ fn build(
                 atomic_eth: Some(atomic),
                 ..PacketRepr::new(bth(opcode, true, false), &[])
             };
-            (tx::emit(&hdrs, 0, &ip, buf, |_| Ok(()))?, 1, 0, true)
+            (tx::emit(&hdrs, 0, tpl, buf, |_| Ok(()))?, 1, 0, true)
         }
         op => {
             let offset = u64::from(i) * u64::from(mtu);
@@ -469,7 +470,7 @@ fn build(
                 });
             }
             let inline = wqe.flags.contains(SendFlags::INLINE);
-            let len = tx::emit_as(&hdrs, transport, n, &ip, buf, |out| {
+            let len = tx::emit_as(&hdrs, transport, n, tpl, buf, |out| {
                 if inline {
                     let start = usize::try_from(offset).map_err(|_| MemoryFault)?;
                     let src = wqe

@@ -1,12 +1,11 @@
 //! Emitting one packet into the caller's transmit buffer with its payload copied straight from
 //! MR memory (one copy), then pad and ICRC.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use crate::memory::MemoryFault;
-use crate::wire::{
-    BTH_LEN, Bth, ICRC_LEN, IpAddrs, IpContext, PacketRepr, WireError, fill_icrc, pad_len,
-};
+use crate::wire::icrc::{fill_icrc_from_prefix, icrc_prefix};
+use crate::wire::{BTH_LEN, Bth, ICRC_LEN, IpAddrs, IpContext, PacketRepr, WireError, pad_len};
 
 /// The largest RoCEv2 UDP payload the engine emits: a 4096-byte MTU payload plus the largest
 /// header set and the ICRC.
@@ -69,16 +68,92 @@ pub(crate) fn ip_context(
     })
 }
 
+/// What a QP's packets share from one packet to the next: the IP context of its path and the
+/// CRC of the ICRC's invariant IP/UDP prefix for the last UDP payload lengths sent on it (a
+/// QP's packets come in a few lengths: full-MTU segments, its ACKs, its small messages). Set
+/// up by [`TxTemplate::prepare`] before a packet is built, which rebuilds it when the path (own
+/// address and UDP source port, peer address, UDP destination port) is not the one it was
+/// built for. A pure cache: the packets built with it are the bytes [`ip_context`] and
+/// [`crate::wire::fill_icrc`] give.
+#[derive(Clone, Default)]
+pub(crate) struct TxTemplate {
+    /// The path and its context.
+    path: Option<(SocketAddr, IpAddr, u16, IpContext)>,
+    /// `(UDP payload length, prefix CRC)` on that path; replaced round-robin.
+    prefixes: [Option<(usize, u32)>; PREFIXES],
+    next: usize,
+}
+
+/// Prefix CRCs a [`TxTemplate`] keeps.
+const PREFIXES: usize = 2;
+
+impl std::fmt::Debug for TxTemplate {
+    /// Only the name: a cache, not QP state (`Hca::canonical_state` prints QPs with `Debug`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TxTemplate")
+    }
+}
+
+impl TxTemplate {
+    /// Makes the template that of the path from `src` to `dst:dst_port`; the IP context is
+    /// [`ip_context`]'s. Errors: [`TxError::AddressFamily`].
+    pub(crate) fn prepare(
+        &mut self,
+        src: SocketAddr,
+        dst: IpAddr,
+        dst_port: u16,
+    ) -> Result<&IpContext, TxError> {
+        let same =
+            matches!(&self.path, Some((s, d, p, _)) if *s == src && *d == dst && *p == dst_port);
+        if !same {
+            let ip = ip_context(src.ip(), dst, src.port(), dst_port)?;
+            *self = TxTemplate {
+                path: Some((src, dst, dst_port, ip)),
+                ..TxTemplate::default()
+            };
+        }
+        self.ip()
+    }
+
+    /// The IP context of the prepared path. Errors: [`TxError::AddressFamily`] if none is.
+    pub(crate) fn ip(&self) -> Result<&IpContext, TxError> {
+        self.path
+            .as_ref()
+            .map(|(.., ip)| ip)
+            .ok_or(TxError::AddressFamily)
+    }
+
+    /// Writes the ICRC of `udp_payload` sent on the prepared path.
+    pub(crate) fn fill_icrc(&mut self, udp_payload: &mut [u8]) -> Result<(), TxError> {
+        let len = udp_payload.len();
+        let known = self.prefixes.iter().flatten().find(|(l, _)| *l == len);
+        let prefix = match known {
+            Some(&(_, crc)) => crc,
+            None => {
+                let crc = icrc_prefix(self.ip()?, len)?;
+                if let Some(slot) = self.prefixes.get_mut(self.next) {
+                    *slot = Some((len, crc));
+                }
+                self.next = (self.next + 1) % PREFIXES;
+                crc
+            }
+        };
+        fill_icrc_from_prefix(prefix, udp_payload)?;
+        Ok(())
+    }
+}
+
 /// Writes `hdrs` (whose `payload` must be empty) followed by `payload_len` bytes produced by
-/// `fill`, the pad and the ICRC into `buf`; returns the UDP payload length.
+/// `fill`, the pad and the ICRC for the path `tpl` was prepared for into `buf`; returns the UDP
+/// payload length.
 pub(crate) fn emit(
     hdrs: &PacketRepr<'_>,
     payload_len: usize,
-    ip: &IpContext,
+    tpl: &mut TxTemplate,
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<(), MemoryFault>,
 ) -> Result<usize, TxError> {
-    emit_as(hdrs, 0, payload_len, ip, buf, fill)
+    emit_as(hdrs, 0, payload_len, tpl, buf, fill)
 }
 
 /// [`emit`] for the transport whose opcode bits (the BTH opcode's top three bits, IBTA 9.2.1:
@@ -88,7 +163,7 @@ pub(crate) fn emit_as(
     hdrs: &PacketRepr<'_>,
     transport: u8,
     payload_len: usize,
-    ip: &IpContext,
+    tpl: &mut TxTemplate,
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<(), MemoryFault>,
 ) -> Result<usize, TxError> {
@@ -105,6 +180,6 @@ pub(crate) fn emit_as(
     Bth::new_unchecked(&mut out[..BTH_LEN]).set_pad_count(pad);
     fill(&mut out[hdr_len..hdr_len + payload_len])?;
     out[hdr_len + payload_len..total - ICRC_LEN].fill(0);
-    fill_icrc(ip, out)?;
+    tpl.fill_icrc(out)?;
     Ok(total)
 }

@@ -251,15 +251,33 @@ pub fn compute_icrc(ip: &IpContext, udp_payload: &[u8]) -> Result<u32, WireError
     let prefix = match prefix_cache::get(ip, len) {
         Some(crc) => crc,
         None => {
-            let mut headers = [0; MAX_HEADERS_LEN];
-            // The header checksum is masked by the ICRC: no need to compute it.
-            let n = ip.write_headers(len, &mut headers, false)?;
-            let crc = prefix_crc(&headers[..n])?;
+            let crc = icrc_prefix(ip, len)?;
             prefix_cache::put(ip, len, crc);
             crc
         }
     };
     Ok(crc_from_prefix(prefix, udp_payload))
+}
+
+/// The CRC of the ICRC's invariant prefix (`0xFF × 8 ‖ masked IP header ‖ masked UDP header`)
+/// of a packet with a `udp_payload_len`-byte UDP payload sent with `ip`: it depends on nothing
+/// else, so a sender may keep it per path and length and finish each packet's ICRC with
+/// [`fill_icrc_from_prefix`]. Errors: [`WireError::TooLong`].
+pub(crate) fn icrc_prefix(ip: &IpContext, udp_payload_len: usize) -> Result<u32, WireError> {
+    let mut headers = [0; MAX_HEADERS_LEN];
+    // The header checksum is masked by the ICRC: no need to compute it.
+    let n = ip.write_headers(udp_payload_len, &mut headers, false)?;
+    prefix_crc(&headers[..n])
+}
+
+/// [`fill_icrc`] with the prefix CRC [`icrc_prefix`] gave for this packet's context and length
+/// (the caller's to match). Errors: [`WireError::Truncated`] below BTH + ICRC bytes.
+pub(crate) fn fill_icrc_from_prefix(prefix: u32, udp_payload: &mut [u8]) -> Result<(), WireError> {
+    check_payload_len(udp_payload)?;
+    let crc = crc_from_prefix(prefix, udp_payload);
+    let at = udp_payload.len() - ICRC_LEN;
+    udp_payload[at..].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
 }
 
 /// Computes the ICRC and stores it little-endian in the last 4 bytes of `udp_payload`.

@@ -989,7 +989,7 @@ pub(crate) fn next_packet(
 /// Writes a selective ACK and its ICRC into `buf`.
 fn emit_sack(
     repr: &SackPacketRepr,
-    tpl: &mut tx::TxTemplate,
+    tpl: &mut tx::PathTemplate,
     buf: &mut [u8],
 ) -> Result<usize, TxError> {
     let len = repr.emit(buf)?;

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use crate::memory::MemoryFault;
-use crate::wire::icrc::{fill_icrc_from_prefix, icrc_prefix};
+use crate::wire::icrc::{check_icrc_from_prefix, fill_icrc_from_prefix, icrc_prefix};
 use crate::wire::{BTH_LEN, Bth, ICRC_LEN, IpAddrs, IpContext, PacketRepr, WireError, pad_len};
 
 /// The largest RoCEv2 UDP payload the engine emits: a 4096-byte MTU payload plus the largest
@@ -68,15 +68,16 @@ pub(crate) fn ip_context(
     })
 }
 
-/// What a QP's packets share from one packet to the next: the IP context of its path and the
-/// CRC of the ICRC's invariant IP/UDP prefix for the last UDP payload lengths sent on it (a
-/// QP's packets come in a few lengths: full-MTU segments, its ACKs, its small messages). Set
-/// up by [`TxTemplate::prepare`] before a packet is built, which rebuilds it when the path (own
-/// address and UDP source port, peer address, UDP destination port) is not the one it was
-/// built for. A pure cache: the packets built with it are the bytes [`ip_context`] and
-/// [`crate::wire::fill_icrc`] give.
+/// What the packets of one path share from one packet to the next: the IP context and the
+/// CRC of the ICRC's invariant IP/UDP prefix for the last UDP payload lengths seen (a QP's
+/// packets come in a few lengths: full-MTU segments, its ACKs, its small messages). Each QP
+/// keeps one for the packets it sends, the HCA one for the last path it received from. Set up
+/// by [`PathTemplate::prepare`] before a packet is built or checked, which rebuilds it when the
+/// path (source address and UDP port, destination address, UDP destination port) is not the
+/// one it was built for. A pure cache: the ICRCs are those [`crate::wire::fill_icrc`] writes
+/// and [`crate::wire::check_icrc`] checks.
 #[derive(Clone, Default)]
-pub(crate) struct TxTemplate {
+pub(crate) struct PathTemplate {
     /// The path and its context.
     path: Option<(SocketAddr, IpAddr, u16, IpContext)>,
     /// `(UDP payload length, prefix CRC)` on that path; replaced round-robin.
@@ -84,17 +85,17 @@ pub(crate) struct TxTemplate {
     next: usize,
 }
 
-/// Prefix CRCs a [`TxTemplate`] keeps.
+/// Prefix CRCs a [`PathTemplate`] keeps.
 const PREFIXES: usize = 2;
 
-impl std::fmt::Debug for TxTemplate {
+impl std::fmt::Debug for PathTemplate {
     /// Only the name: a cache, not QP state (`Hca::canonical_state` prints QPs with `Debug`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TxTemplate")
+        f.write_str("PathTemplate")
     }
 }
 
-impl TxTemplate {
+impl PathTemplate {
     /// Makes the template that of the path from `src` to `dst:dst_port`; the IP context is
     /// [`ip_context`]'s. Errors: [`TxError::AddressFamily`].
     pub(crate) fn prepare(
@@ -107,9 +108,9 @@ impl TxTemplate {
             matches!(&self.path, Some((s, d, p, _)) if *s == src && *d == dst && *p == dst_port);
         if !same {
             let ip = ip_context(src.ip(), dst, src.port(), dst_port)?;
-            *self = TxTemplate {
+            *self = PathTemplate {
                 path: Some((src, dst, dst_port, ip)),
-                ..TxTemplate::default()
+                ..PathTemplate::default()
             };
         }
         self.ip()
@@ -123,23 +124,31 @@ impl TxTemplate {
             .ok_or(TxError::AddressFamily)
     }
 
+    /// The prefix CRC of a `len`-byte UDP payload on the prepared path.
+    fn prefix(&mut self, len: usize) -> Result<u32, WireError> {
+        if let Some(&(_, crc)) = self.prefixes.iter().flatten().find(|(l, _)| *l == len) {
+            return Ok(crc);
+        }
+        let ip = self.ip().map_err(|_| WireError::BadIpHeader(0))?;
+        let crc = icrc_prefix(ip, len)?;
+        if let Some(slot) = self.prefixes.get_mut(self.next) {
+            *slot = Some((len, crc));
+        }
+        self.next = (self.next + 1) % PREFIXES;
+        Ok(crc)
+    }
+
     /// Writes the ICRC of `udp_payload` sent on the prepared path.
     pub(crate) fn fill_icrc(&mut self, udp_payload: &mut [u8]) -> Result<(), TxError> {
-        let len = udp_payload.len();
-        let known = self.prefixes.iter().flatten().find(|(l, _)| *l == len);
-        let prefix = match known {
-            Some(&(_, crc)) => crc,
-            None => {
-                let crc = icrc_prefix(self.ip()?, len)?;
-                if let Some(slot) = self.prefixes.get_mut(self.next) {
-                    *slot = Some((len, crc));
-                }
-                self.next = (self.next + 1) % PREFIXES;
-                crc
-            }
-        };
+        let prefix = self.prefix(udp_payload.len())?;
         fill_icrc_from_prefix(prefix, udp_payload)?;
         Ok(())
+    }
+
+    /// [`crate::wire::check_icrc`] of `udp_payload` received on the prepared path.
+    pub(crate) fn check_icrc(&mut self, udp_payload: &[u8]) -> Result<(), WireError> {
+        let prefix = self.prefix(udp_payload.len())?;
+        check_icrc_from_prefix(prefix, udp_payload)
     }
 }
 
@@ -149,7 +158,7 @@ impl TxTemplate {
 pub(crate) fn emit(
     hdrs: &PacketRepr<'_>,
     payload_len: usize,
-    tpl: &mut TxTemplate,
+    tpl: &mut PathTemplate,
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<(), MemoryFault>,
 ) -> Result<usize, TxError> {
@@ -163,7 +172,7 @@ pub(crate) fn emit_as(
     hdrs: &PacketRepr<'_>,
     transport: u8,
     payload_len: usize,
-    tpl: &mut TxTemplate,
+    tpl: &mut PathTemplate,
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<(), MemoryFault>,
 ) -> Result<usize, TxError> {

@@ -248,14 +248,7 @@ mod prefix_cache {
 pub fn compute_icrc(ip: &IpContext, udp_payload: &[u8]) -> Result<u32, WireError> {
     check_payload_len(udp_payload)?;
     let len = udp_payload.len();
-    let prefix = match prefix_cache::get(ip, len) {
-        Some(crc) => crc,
-        None => {
-            let crc = icrc_prefix(ip, len)?;
-            prefix_cache::put(ip, len, crc);
-            crc
-        }
-    };
+    let prefix = icrc_prefix(ip, len)?;
     Ok(crc_from_prefix(prefix, udp_payload))
 }
 
@@ -263,11 +256,32 @@ pub fn compute_icrc(ip: &IpContext, udp_payload: &[u8]) -> Result<u32, WireError
 /// of a packet with a `udp_payload_len`-byte UDP payload sent with `ip`: it depends on nothing
 /// else, so a sender may keep it per path and length and finish each packet's ICRC with
 /// [`fill_icrc_from_prefix`]. Errors: [`WireError::TooLong`].
+/// Kept in a small per-thread cache by (context, length).
 pub(crate) fn icrc_prefix(ip: &IpContext, udp_payload_len: usize) -> Result<u32, WireError> {
+    if let Some(crc) = prefix_cache::get(ip, udp_payload_len) {
+        return Ok(crc);
+    }
     let mut headers = [0; MAX_HEADERS_LEN];
     // The header checksum is masked by the ICRC: no need to compute it.
     let n = ip.write_headers(udp_payload_len, &mut headers, false)?;
-    prefix_crc(&headers[..n])
+    let crc = prefix_crc(&headers[..n])?;
+    prefix_cache::put(ip, udp_payload_len, crc);
+    Ok(crc)
+}
+
+/// [`check_icrc`] with the prefix CRC [`icrc_prefix`] gave for this packet's context and length
+/// (the caller's to match). Errors: [`WireError::Truncated`] below BTH + ICRC bytes,
+/// [`WireError::BadIcrc`]; under `cfg(fuzzing)` a mismatch is accepted.
+#[allow(unexpected_cfgs)] // `fuzzing` is set by cargo-fuzz.
+pub(crate) fn check_icrc_from_prefix(prefix: u32, udp_payload: &[u8]) -> Result<(), WireError> {
+    check_payload_len(udp_payload)?;
+    let computed = crc_from_prefix(prefix, udp_payload);
+    let stored = u32::from_le_bytes(read(udp_payload, udp_payload.len() - ICRC_LEN));
+    if stored == computed || cfg!(fuzzing) {
+        Ok(())
+    } else {
+        Err(WireError::BadIcrc { computed, stored })
+    }
 }
 
 /// [`fill_icrc`] with the prefix CRC [`icrc_prefix`] gave for this packet's context and length

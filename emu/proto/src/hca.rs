@@ -1009,7 +1009,6 @@ impl Hca {
     }
 
     fn post_send_wrs(&mut self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
-        let limits = self.config.limits.clone();
         let qp = self.qp_mut(qpn).map_err(|e| PostError::new(0, e))?;
         let state = qp.state();
         if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Err) {
@@ -1020,8 +1019,13 @@ impl Hca {
         }
         for (i, wr) in wrs.iter().enumerate() {
             let ud = self.ud_dst(qpn, wr).map_err(|e| PostError::new(i, e))?;
-            let qp = self.qp_mut(qpn).map_err(|e| PostError::new(i, e))?;
-            let mut wqe = qp::check_send_wr(qp, wr, &limits).map_err(|e| PostError::new(i, e))?;
+            // The QP and the limits borrowed side by side (no copy of the limits per call).
+            let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
+                let e = Error::invalid(format!("no such QP {qpn:#x}"));
+                return Err(PostError::new(i, e));
+            };
+            let limits = &self.config.limits;
+            let mut wqe = qp::check_send_wr(qp, wr, limits).map_err(|e| PostError::new(i, e))?;
             wqe.ud = ud;
             if qp.sq.len() >= qp.cap.max_send_wr as usize {
                 return Err(PostError::new(i, Error::no_memory("send queue full")));

@@ -105,6 +105,12 @@ impl Injector {
     }
 
     fn decide(&mut self, now: Instant, meta: &DatagramMeta) -> Verdict {
+        // No plan and no partition (every run without faults): nothing to match or draw.
+        if self.states.is_empty() && self.partitions.is_empty() {
+            return Verdict::Deliver {
+                delay: Duration::ZERO,
+            };
+        }
         let link = meta.link();
         if self.partitions.contains(&link) {
             return Verdict::Drop(DropCause::Partition);

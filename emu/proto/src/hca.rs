@@ -35,7 +35,7 @@ use crate::stats::{RxDropCause, Stats};
 use crate::table::Table;
 use crate::time::Instant;
 use crate::timers::TimerIndex;
-use crate::wire::{self, IpContext, Packet, PacketRepr, Psn, check_icrc};
+use crate::wire::{self, IpContext, Packet, PacketRepr, Psn};
 
 /// An armed CQ got a completion: the driver makes the channel's fd readable and reports `cq`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -135,6 +135,8 @@ pub struct Hca {
     stats: Stats,
     /// The device's IP address (its GID), cached: it is needed for every packet.
     own_ip: IpAddr,
+    /// The IP context and ICRC prefixes of the last path a datagram came in on.
+    rx_path: rc::tx::PathTemplate,
 }
 
 /// The context of one engine step over `$hca`'s tables, at `$now`, with memory `$mem`. A macro
@@ -190,6 +192,7 @@ impl Hca {
             ident_bases: Vec::new(),
             stats: Stats::default(),
             own_ip: config_ip,
+            rx_path: rc::tx::PathTemplate::default(),
         }
     }
 
@@ -893,6 +896,7 @@ impl Hca {
             rq: VecDeque::new(),
             rc: crate::rc::RcState::default(),
             peer_ip: QpAttr::default().ah_attr.dgid.to_ip(),
+            tx: rc::tx::PathTemplate::default(),
         })
     }
 
@@ -1005,7 +1009,6 @@ impl Hca {
     }
 
     fn post_send_wrs(&mut self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
-        let limits = self.config.limits.clone();
         let qp = self.qp_mut(qpn).map_err(|e| PostError::new(0, e))?;
         let state = qp.state();
         if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Err) {
@@ -1016,8 +1019,13 @@ impl Hca {
         }
         for (i, wr) in wrs.iter().enumerate() {
             let ud = self.ud_dst(qpn, wr).map_err(|e| PostError::new(i, e))?;
-            let qp = self.qp_mut(qpn).map_err(|e| PostError::new(i, e))?;
-            let mut wqe = qp::check_send_wr(qp, wr, &limits).map_err(|e| PostError::new(i, e))?;
+            // The QP and the limits borrowed side by side (no copy of the limits per call).
+            let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
+                let e = Error::invalid(format!("no such QP {qpn:#x}"));
+                return Err(PostError::new(i, e));
+            };
+            let limits = &self.config.limits;
+            let mut wqe = qp::check_send_wr(qp, wr, limits).map_err(|e| PostError::new(i, e))?;
             wqe.ud = ud;
             if qp.sq.len() >= qp.cap.max_send_wr as usize {
                 return Err(PostError::new(i, Error::no_memory("send queue full")));
@@ -1149,20 +1157,30 @@ impl Hca {
         let _span = self.entered_span(Some(now));
         crate::trace::packet(crate::trace::PKT_RX, bytes, src);
         let own = self.own_ip;
-        let Ok(ip) = rc::tx::ip_context(src.ip(), own, src.port(), self.config.udp_port) else {
+        if self
+            .rx_path
+            .prepare(src, own, self.config.udp_port)
+            .is_err()
+        {
             self.stats.count_drop(RxDropCause::AddressFamily);
             return;
-        };
-        if check_icrc(&ip, bytes).is_err() {
+        }
+        if self.rx_path.check_icrc(bytes).is_err() {
             // A foreign sender's IPv4 identification is not visible here (§1.8 addendum).
-            if !(self.config.foreign_ipv4_ident && self.ident_solves(&ip, bytes)) {
+            let solved = match self.rx_path.ip() {
+                Ok(&ip) => self.config.foreign_ipv4_ident && self.ident_solves(&ip, bytes),
+                Err(_) => false,
+            };
+            if !solved {
                 self.stats.count_drop(RxDropCause::BadIcrc);
                 return;
             }
             self.stats.icrc_ident_solved += 1;
         }
         if bytes.first().is_some_and(|b| crate::ud::is_ud_opcode(*b)) {
-            self.handle_ud(now, &ip, bytes, mem);
+            if let Ok(&ip) = self.rx_path.ip() {
+                self.handle_ud(now, &ip, bytes, mem);
+            }
             return;
         }
         if bytes.first().is_some_and(|b| crate::uc::is_uc_opcode(*b)) {

@@ -155,6 +155,8 @@ pub(crate) struct Qp {
     pub(crate) rc: crate::rc::RcState,
     /// `attr.ah_attr.dgid` as an IP address, cached (needed for every packet).
     pub(crate) peer_ip: std::net::IpAddr,
+    /// The IP context and ICRC prefixes of the QP's path, for its RC/UC packet builders.
+    pub(crate) tx: crate::rc::tx::PathTemplate,
 }
 
 impl Qp {

@@ -372,7 +372,8 @@ fn build(
     let rd = wqe.op.is_read_or_atomic();
     let i = t.next_pkt;
     let psn = t.first_psn.wrapping_add(i);
-    let ip = tx::ip_context(src.ip(), qp.peer_ip, src.port(), qp.attr.ah_attr.udp_dport)?;
+    let tpl = &mut qp.tx;
+    tpl.prepare(src, qp.peer_ip, qp.attr.ah_attr.udp_dport)?;
     let bth = |opcode: Opcode, ack_req: bool, solicited: bool| BthRepr {
         opcode,
         solicited,
@@ -397,7 +398,7 @@ fn build(
                 reth: Some(reth),
                 ..PacketRepr::new(bth(Opcode::RdmaReadRequest, true, false), &[])
             };
-            let len = tx::emit(&hdrs, 0, &ip, buf, |_| Ok(()))?;
+            let len = tx::emit(&hdrs, 0, tpl, buf, |_| Ok(()))?;
             (len, t.npkts, 0, true)
         }
         SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. } => {
@@ -435,7 +436,7 @@ fn build(
                 atomic_eth: Some(atomic),
                 ..PacketRepr::new(bth(opcode, true, false), &[])
             };
-            (tx::emit(&hdrs, 0, &ip, buf, |_| Ok(()))?, 1, 0, true)
+            (tx::emit(&hdrs, 0, tpl, buf, |_| Ok(()))?, 1, 0, true)
         }
         op => {
             let offset = u64::from(i) * u64::from(mtu);
@@ -469,7 +470,7 @@ fn build(
                 });
             }
             let inline = wqe.flags.contains(SendFlags::INLINE);
-            let len = tx::emit_as(&hdrs, transport, n, &ip, buf, |out| {
+            let len = tx::emit_as(&hdrs, transport, n, tpl, buf, |out| {
                 if inline {
                     let start = usize::try_from(offset).map_err(|_| MemoryFault)?;
                     let src = wqe
@@ -493,6 +494,12 @@ fn build(
             w.tx.read_from = i;
         }
         w.tx.next_pkt = next_pkt;
+    }
+    // The WQE's last packet is out: step past it now, as the requester's next turn would do
+    // before anything else, so that turn (a no-op otherwise) can be skipped (`Hca::poll_transmit`
+    // skips an idle QP). Not while resending an earlier packet out of turn.
+    if next_pkt >= t.npkts && !rc.sr.resending && rc.req_index == idx {
+        rc.req_index = idx + 1;
     }
     let end = t.first_psn.wrapping_add(next_pkt);
     if end.is_after(rc.req_psn) || next_pkt == t.npkts {

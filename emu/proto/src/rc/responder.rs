@@ -19,8 +19,8 @@ use crate::memory::AtomicOp;
 use crate::qp::{Qp, RecvWqe};
 use crate::stats::RxDropCause;
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, BthRepr, IpContext, NakCode, Opcode, PacketRepr, Position, Psn,
-    RethRepr, RnrTimer, SACK_OPCODE, SackPacketRepr, SackRepr, Syndrome, fill_icrc,
+    AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, Position, Psn, RethRepr,
+    RnrTimer, SACK_OPCODE, SackPacketRepr, SackRepr, Syndrome,
 };
 
 /// How many responses a QP may have queued; beyond it, new requests are dropped (the requester
@@ -837,7 +837,9 @@ pub(crate) fn next_packet(
         | Response::Sack { .. } => PacketClass::Ack,
         Response::AtomicAck { .. } | Response::Read { .. } => PacketClass::Response,
     };
-    let ip = tx::ip_context(src.ip(), qp.peer_ip, src.port(), qp.attr.ah_attr.udp_dport).ok()?;
+    qp.tx
+        .prepare(src, qp.peer_ip, qp.attr.ah_attr.udp_dport)
+        .ok()?;
     let msn = qp.rc.msn;
     let bth = |opcode: Opcode, psn: Psn| BthRepr {
         opcode,
@@ -859,14 +861,14 @@ pub(crate) fn next_packet(
                 aeth: aeth(Syndrome::ACK_UNLIMITED),
                 ..PacketRepr::new(bth(Opcode::Acknowledge, psn), &[])
             };
-            tx::emit(&hdrs, 0, &ip, buf, |_| Ok(())).map(|l| (l, true))
+            tx::emit(&hdrs, 0, &mut qp.tx, buf, |_| Ok(())).map(|l| (l, true))
         }
         Response::Nak { psn, code } => {
             let hdrs = PacketRepr {
                 aeth: aeth(Syndrome::Nak(code)),
                 ..PacketRepr::new(bth(Opcode::Acknowledge, psn), &[])
             };
-            tx::emit(&hdrs, 0, &ip, buf, |_| Ok(())).map(|l| (l, true))
+            tx::emit(&hdrs, 0, &mut qp.tx, buf, |_| Ok(())).map(|l| (l, true))
         }
         Response::RnrNak { psn } => {
             let timer = RnrTimer::from_code(qp.attr.min_rnr_timer);
@@ -874,7 +876,7 @@ pub(crate) fn next_packet(
                 aeth: aeth(Syndrome::RnrNak { timer }),
                 ..PacketRepr::new(bth(Opcode::Acknowledge, psn), &[])
             };
-            tx::emit(&hdrs, 0, &ip, buf, |_| Ok(())).map(|l| (l, true))
+            tx::emit(&hdrs, 0, &mut qp.tx, buf, |_| Ok(())).map(|l| (l, true))
         }
         Response::Sack { psn } => {
             qp.rc.stats.sacks_sent += 1;
@@ -885,7 +887,7 @@ pub(crate) fn next_packet(
                     bitmap: super::sr::bitmap(&qp.rc, psn),
                 },
             };
-            emit_sack(&repr, &ip, buf).map(|l| (l, true))
+            emit_sack(&repr, &mut qp.tx, buf).map(|l| (l, true))
         }
         Response::AtomicAck { psn, orig } => {
             let hdrs = PacketRepr {
@@ -895,7 +897,7 @@ pub(crate) fn next_packet(
                 }),
                 ..PacketRepr::new(bth(Opcode::AtomicAcknowledge, psn), &[])
             };
-            tx::emit(&hdrs, 0, &ip, buf, |_| Ok(())).map(|l| (l, true))
+            tx::emit(&hdrs, 0, &mut qp.tx, buf, |_| Ok(())).map(|l| (l, true))
         }
         Response::Read {
             first_psn,
@@ -935,7 +937,7 @@ pub(crate) fn next_packet(
             match target {
                 Some((key, at)) => {
                     let n = usize::try_from(n).unwrap_or(0);
-                    tx::emit(&hdrs, n, &ip, buf, |out| {
+                    tx::emit(&hdrs, n, &mut qp.tx, buf, |out| {
                         if out.is_empty() {
                             Ok(())
                         } else {
@@ -985,9 +987,13 @@ pub(crate) fn next_packet(
 }
 
 /// Writes a selective ACK and its ICRC into `buf`.
-fn emit_sack(repr: &SackPacketRepr, ip: &IpContext, buf: &mut [u8]) -> Result<usize, TxError> {
+fn emit_sack(
+    repr: &SackPacketRepr,
+    tpl: &mut tx::PathTemplate,
+    buf: &mut [u8],
+) -> Result<usize, TxError> {
     let len = repr.emit(buf)?;
     let out = buf.get_mut(..len).ok_or(TxError::Memory)?;
-    fill_icrc(ip, out)?;
+    tpl.fill_icrc(out)?;
     Ok(len)
 }

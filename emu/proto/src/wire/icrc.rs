@@ -175,7 +175,15 @@ mod small {
             w.copy_from_slice(c);
             crc = word(crc, u64::from_le_bytes(w));
         }
-        for &b in chunks.remainder() {
+        let mut rest = chunks.remainder();
+        // Packets are padded to 4 bytes: a 4-byte step (slice-by-4) before single bytes.
+        if let Some((four, tail)) = rest.split_first_chunk::<4>() {
+            let x = crc ^ u32::from_le_bytes(*four);
+            let b = |k: u32| ((x >> (8 * k)) & 0xFF) as usize;
+            crc = TABLE[3][b(0)] ^ TABLE[2][b(1)] ^ TABLE[1][b(2)] ^ TABLE[0][b(3)];
+            rest = tail;
+        }
+        for &b in rest {
             crc = TABLE[0][((crc ^ u32::from(b)) & 0xFF) as usize] ^ (crc >> 8);
         }
         crc
@@ -186,25 +194,37 @@ mod small {
 /// packets share a handful of lengths, so the IP/UDP headers are rebuilt and hashed once per
 /// (path, length) instead of once per packet. A pure cache: a miss computes the same value.
 mod prefix_cache {
-    use core::cell::Cell;
+    use core::cell::RefCell;
 
     use super::IpContext;
 
     /// Entries kept; replaced round-robin.
     const SLOTS: usize = 4;
 
-    type Entry = Option<(IpContext, usize, u32)>;
+    /// A UDP payload length, its context and the prefix CRC.
+    type Entry = Option<(usize, IpContext, u32)>;
+
+    /// The entries and the next one to replace.
+    struct Slots {
+        entries: [Entry; SLOTS],
+        next: usize,
+    }
 
     thread_local! {
-        static SLOT: [Cell<Entry>; SLOTS] = const { [const { Cell::new(None) }; SLOTS] };
-        static NEXT: Cell<usize> = const { Cell::new(0) };
+        // Compared in place (a `Cell` per entry would copy each one out to look at it).
+        static CACHE: RefCell<Slots> = const {
+            RefCell::new(Slots {
+                entries: [None; SLOTS],
+                next: 0,
+            })
+        };
     }
 
     /// The cached prefix CRC for `ip` and a `len`-byte UDP payload, if any.
     pub(super) fn get(ip: &IpContext, len: usize) -> Option<u32> {
-        SLOT.with(|slots| {
-            slots.iter().find_map(|slot| match slot.get() {
-                Some((c, l, crc)) if l == len && c == *ip => Some(crc),
+        CACHE.with_borrow(|c| {
+            c.entries.iter().find_map(|slot| match slot {
+                Some((l, c, crc)) if *l == len && c == ip => Some(*crc),
                 _ => None,
             })
         })
@@ -212,12 +232,13 @@ mod prefix_cache {
 
     /// Remembers `crc` for `ip` and `len`, evicting the oldest entry.
     pub(super) fn put(ip: &IpContext, len: usize, crc: u32) {
-        let at = NEXT.with(|n| {
-            let at = n.get();
-            n.set((at + 1) % SLOTS);
-            at
+        CACHE.with_borrow_mut(|c| {
+            let at = c.next;
+            c.next = (at + 1) % SLOTS;
+            if let Some(slot) = c.entries.get_mut(at) {
+                *slot = Some((len, *ip, crc));
+            }
         });
-        SLOT.with(|slots| slots[at].set(Some((*ip, len, crc))));
     }
 }
 
@@ -227,18 +248,50 @@ mod prefix_cache {
 pub fn compute_icrc(ip: &IpContext, udp_payload: &[u8]) -> Result<u32, WireError> {
     check_payload_len(udp_payload)?;
     let len = udp_payload.len();
-    let prefix = match prefix_cache::get(ip, len) {
-        Some(crc) => crc,
-        None => {
-            let mut headers = [0; MAX_HEADERS_LEN];
-            // The header checksum is masked by the ICRC: no need to compute it.
-            let n = ip.write_headers(len, &mut headers, false)?;
-            let crc = prefix_crc(&headers[..n])?;
-            prefix_cache::put(ip, len, crc);
-            crc
-        }
-    };
+    let prefix = icrc_prefix(ip, len)?;
     Ok(crc_from_prefix(prefix, udp_payload))
+}
+
+/// The CRC of the ICRC's invariant prefix (`0xFF × 8 ‖ masked IP header ‖ masked UDP header`)
+/// of a packet with a `udp_payload_len`-byte UDP payload sent with `ip`: it depends on nothing
+/// else, so a sender may keep it per path and length and finish each packet's ICRC with
+/// [`fill_icrc_from_prefix`]. Errors: [`WireError::TooLong`].
+/// Kept in a small per-thread cache by (context, length).
+pub(crate) fn icrc_prefix(ip: &IpContext, udp_payload_len: usize) -> Result<u32, WireError> {
+    if let Some(crc) = prefix_cache::get(ip, udp_payload_len) {
+        return Ok(crc);
+    }
+    let mut headers = [0; MAX_HEADERS_LEN];
+    // The header checksum is masked by the ICRC: no need to compute it.
+    let n = ip.write_headers(udp_payload_len, &mut headers, false)?;
+    let crc = prefix_crc(&headers[..n])?;
+    prefix_cache::put(ip, udp_payload_len, crc);
+    Ok(crc)
+}
+
+/// [`check_icrc`] with the prefix CRC [`icrc_prefix`] gave for this packet's context and length
+/// (the caller's to match). Errors: [`WireError::Truncated`] below BTH + ICRC bytes,
+/// [`WireError::BadIcrc`]; under `cfg(fuzzing)` a mismatch is accepted.
+#[allow(unexpected_cfgs)] // `fuzzing` is set by cargo-fuzz.
+pub(crate) fn check_icrc_from_prefix(prefix: u32, udp_payload: &[u8]) -> Result<(), WireError> {
+    check_payload_len(udp_payload)?;
+    let computed = crc_from_prefix(prefix, udp_payload);
+    let stored = u32::from_le_bytes(read(udp_payload, udp_payload.len() - ICRC_LEN));
+    if stored == computed || cfg!(fuzzing) {
+        Ok(())
+    } else {
+        Err(WireError::BadIcrc { computed, stored })
+    }
+}
+
+/// [`fill_icrc`] with the prefix CRC [`icrc_prefix`] gave for this packet's context and length
+/// (the caller's to match). Errors: [`WireError::Truncated`] below BTH + ICRC bytes.
+pub(crate) fn fill_icrc_from_prefix(prefix: u32, udp_payload: &mut [u8]) -> Result<(), WireError> {
+    check_payload_len(udp_payload)?;
+    let crc = crc_from_prefix(prefix, udp_payload);
+    let at = udp_payload.len() - ICRC_LEN;
+    udp_payload[at..].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
 }
 
 /// Computes the ICRC and stores it little-endian in the last 4 bytes of `udp_payload`.

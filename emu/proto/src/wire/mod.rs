@@ -133,6 +133,7 @@ pub enum WireError {
 }
 
 /// Reads `N` bytes at `at`. Callers have checked the length (views) or use `get` first.
+#[inline]
 fn read<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
     let mut a = [0; N];
     a.copy_from_slice(&b[at..at + N]);
@@ -140,12 +141,14 @@ fn read<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
 }
 
 /// Reads a big-endian 24-bit field at `at`.
+#[inline]
 fn read_u24(b: &[u8], at: usize) -> u32 {
     let [x, y, z] = read(b, at);
     u32::from_be_bytes([0, x, y, z])
 }
 
 /// Writes the low 24 bits of `v` big-endian at `at`.
+#[inline]
 fn write_u24(b: &mut [u8], at: usize, v: u32) {
     let [_, x, y, z] = v.to_be_bytes();
     b[at..at + 3].copy_from_slice(&[x, y, z]);

@@ -277,16 +277,8 @@ mod tests {
 
     fn packet(ip: &IpContext) -> Vec<u8> {
         let bth = BthRepr {
-            opcode: Opcode::SendOnly,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x12,
             ack_req: true,
-            psn: Psn::new(1),
+            ..BthRepr::new(Opcode::SendOnly, 0x12, Psn::new(1))
         };
         let repr = PacketRepr::new(bth, b"capture!!");
         let mut buf = vec![0; repr.buffer_len()];

@@ -18,16 +18,8 @@ const CTX: IpContext = IpContext::v4(
 
 fn repr(payload: &[u8]) -> PacketRepr<'_> {
     let bth = BthRepr {
-        opcode: Opcode::RdmaWriteOnly,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qp: 0x12,
         ack_req: true,
-        psn: Psn::new(1),
+        ..BthRepr::new(Opcode::RdmaWriteOnly, 0x12, Psn::new(1))
     };
     PacketRepr {
         reth: Some(RethRepr {

@@ -131,16 +131,9 @@ fn build(
         SEND_ONLY
     };
     BthRepr {
-        opcode: Opcode::from(opcode),
         solicited: wqe.flags.contains(SendFlags::SOLICITED),
-        mig_req: false,
         pad_count: pad,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qp: ud.remote_qpn,
-        ack_req: false,
-        psn: qp.rc.req_psn,
+        ..BthRepr::new(Opcode::from(opcode), ud.remote_qpn, qp.rc.req_psn)
     }
     .emit(&mut Bth::new_unchecked(&mut out[..BTH_LEN]));
     DethRepr {

@@ -258,18 +258,7 @@ fn ibta_qp_drops_a_selective_ack() {
     let src = SocketAddr::new(B_IP.into(), 0xC000);
     let dst = SocketAddr::new(A_IP.into(), PORT);
     let repr = SackPacketRepr {
-        bth: BthRepr {
-            opcode: Opcode::from(SACK_OPCODE),
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: p.a.qpn,
-            ack_req: false,
-            psn: Psn::new(P),
-        },
+        bth: BthRepr::new(Opcode::from(SACK_OPCODE), p.a.qpn, Psn::new(P)),
         sack: SackRepr {
             msn: 0,
             bitmap: SackBitmap::first(1),

@@ -198,16 +198,8 @@ fn setup(mrs: &[MrSpec]) -> (Hca, Recording, Vec<MrInfo>, u32, emu_proto::PdId) 
 
 fn packet(qpn: u32, req: &Request, rkey: u32, va: u64, payload: &[u8]) -> Vec<u8> {
     let bth = BthRepr {
-        opcode: Opcode::RdmaReadRequest,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qp: qpn,
         ack_req: true,
-        psn: Psn::new(RQ_PSN),
+        ..BthRepr::new(Opcode::RdmaReadRequest, qpn, Psn::new(RQ_PSN))
     };
     let reth = Some(RethRepr {
         va,
@@ -332,16 +324,8 @@ proptest! {
 /// A WRITE packet from the fake peer at `psn`: FIRST (with its RETH) or MIDDLE.
 fn write_packet(qpn: u32, op: Opcode, psn: u32, reth: Option<RethRepr>, payload: &[u8]) -> Vec<u8> {
     let bth = BthRepr {
-        opcode: op,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qp: qpn,
         ack_req: true,
-        psn: Psn::new(psn),
+        ..BthRepr::new(op, qpn, Psn::new(psn))
     };
     let repr = PacketRepr {
         reth,

@@ -294,16 +294,8 @@ mod tests {
 
     fn bytes() -> Vec<u8> {
         let bth = BthRepr {
-            opcode: Opcode::SendOnly,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x12,
             ack_req: true,
-            psn: Psn::new(5),
+            ..BthRepr::new(Opcode::SendOnly, 0x12, Psn::new(5))
         };
         let repr = PacketRepr::new(bth, b"payload!");
         let ip = IpContext::v4(

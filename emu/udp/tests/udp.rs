@@ -440,16 +440,8 @@ fn foreign_source_is_dropped_never_delivered() {
     let intruder = UdpSocket::bind("127.0.0.3:0").unwrap();
     let target = b.ctx.local_addr();
     let bth = BthRepr {
-        opcode: Opcode::SendOnly,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qp: b.qp.qp_num(),
         ack_req: true,
-        psn: Psn::new(100),
+        ..BthRepr::new(Opcode::SendOnly, b.qp.qp_num(), Psn::new(100))
     };
     let pkt = PacketRepr::new(bth, b"intruder");
     let ip = IpContext {

@@ -375,16 +375,9 @@ fn build(
     let tpl = &mut qp.tx;
     tpl.prepare(src, qp.peer_ip, qp.attr.ah_attr.udp_dport)?;
     let bth = |opcode: Opcode, ack_req: bool, solicited: bool| BthRepr {
-        opcode,
         solicited,
-        mig_req: false,
-        pad_count: 0,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qp: qp.attr.dest_qp_num,
         ack_req,
-        psn,
+        ..BthRepr::new(opcode, qp.attr.dest_qp_num, psn)
     };
     let (len, next_pkt, payload, ack_req) = match wqe.op {
         SendOp::RdmaRead { remote_addr, rkey } => {

@@ -841,18 +841,7 @@ pub(crate) fn next_packet(
         .prepare(src, qp.peer_ip, qp.attr.ah_attr.udp_dport)
         .ok()?;
     let msn = qp.rc.msn;
-    let bth = |opcode: Opcode, psn: Psn| BthRepr {
-        opcode,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qp: qp.attr.dest_qp_num,
-        ack_req: false,
-        psn,
-    };
+    let bth = |opcode: Opcode, psn: Psn| BthRepr::new(opcode, qp.attr.dest_qp_num, psn);
     let aeth = |syndrome: Syndrome| Some(AethRepr { syndrome, msn });
     let result = match resp {
         Response::Ack { psn, .. } => {

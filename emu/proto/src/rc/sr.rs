@@ -438,18 +438,7 @@ mod tests {
     }
 
     fn held(psn: u32, span: u32, placed: Option<Placed>, payload: &[u8]) -> Held {
-        let bth = BthRepr {
-            opcode: Opcode::SendOnly,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x11,
-            ack_req: false,
-            psn: Psn::new(psn),
-        };
+        let bth = BthRepr::new(Opcode::SendOnly, 0x11, Psn::new(psn));
         Held {
             hdrs: PacketRepr::new(bth, &[]),
             payload: payload.to_vec(),

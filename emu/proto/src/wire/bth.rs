@@ -191,6 +191,24 @@ impl BthRepr {
     /// The default partition key rxe sends (rc-transport.md §1.2).
     pub const DEFAULT_PKEY: u16 = 0xFFFF;
 
+    /// A BTH for `opcode` to `dest_qp` at `psn` with every other field at what softverbs and
+    /// rxe send by default: SE, MigReq, FECN, BECN and AckReq clear, PadCnt 0, P_Key
+    /// [`BthRepr::DEFAULT_PKEY`]. Set the rest with struct update syntax.
+    pub const fn new(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: BthRepr::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Parses a BTH view: [`WireError::Truncated`] if short, [`WireError::BadTver`] if TVer ≠ 0.
     pub fn parse<T: AsRef<[u8]>>(bth: &Bth<T>) -> Result<BthRepr, WireError> {
         bth.check_len()?;
@@ -280,6 +298,21 @@ mod tests {
             ]
         );
         assert_eq!(BthRepr::parse(&Bth::new_unchecked(&buf)), Ok(repr));
+    }
+
+    /// `BthRepr::new` sets only opcode, destination QP and PSN; the rest is what rxe sends by
+    /// default (P_Key 0xFFFF, every flag clear, PadCnt 0), as in the §1.8 vector's SE-less form.
+    #[test]
+    fn new_sets_only_opcode_dest_qp_and_psn() {
+        let repr = BthRepr::new(Opcode::SendOnly, 0x12_3456, Psn::new(0xAB_CDEF));
+        let mut buf = [0u8; BTH_LEN];
+        repr.emit(&mut Bth::new_unchecked(&mut buf));
+        assert_eq!(
+            buf,
+            [
+                0x04, 0x00, 0xFF, 0xFF, 0x00, 0x12, 0x34, 0x56, 0x00, 0xAB, 0xCD, 0xEF
+            ]
+        );
     }
 
     #[test]

@@ -334,16 +334,8 @@ mod tests {
 
     fn bth(opcode: Opcode) -> BthRepr {
         BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x12,
             ack_req: true,
-            psn: Psn::new(0x10),
+            ..BthRepr::new(opcode, 0x12, Psn::new(0x10))
         }
     }
 

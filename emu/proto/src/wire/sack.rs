@@ -236,18 +236,7 @@ mod tests {
     use crate::wire::Psn;
 
     fn bth(psn: u32) -> BthRepr {
-        BthRepr {
-            opcode: Opcode::from(SACK_OPCODE),
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x12,
-            ack_req: false,
-            psn: Psn::new(psn),
-        }
+        BthRepr::new(Opcode::from(SACK_OPCODE), 0x12, Psn::new(psn))
     }
 
     #[test]

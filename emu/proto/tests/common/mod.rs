@@ -588,16 +588,8 @@ pub(crate) fn class_of(op: Opcode) -> PacketClass {
 /// A BTH for a crafted request from a to b (or b to a).
 pub(crate) fn bth(opcode: Opcode, dest_qp: u32, psn: u32, ack_req: bool) -> BthRepr {
     BthRepr {
-        opcode,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        pkey: BthRepr::DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qp,
         ack_req,
-        psn: Psn::new(psn),
+        ..BthRepr::new(opcode, dest_qp, Psn::new(psn))
     }
 }
 

@@ -253,18 +253,7 @@ mod tests {
     use crate::wire::{BthRepr, Opcode, PacketRepr};
 
     fn held(span: u32, placed: bool) -> Held {
-        let bth = BthRepr {
-            opcode: Opcode::RdmaWriteMiddle,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: 1,
-            ack_req: false,
-            psn: Psn::new(0),
-        };
+        let bth = BthRepr::new(Opcode::RdmaWriteMiddle, 1, Psn::new(0));
         Held {
             hdrs: PacketRepr::new(bth, &[]),
             payload: Vec::new(),

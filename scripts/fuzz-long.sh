@@ -90,20 +90,35 @@ cpu_of() {
   done
   echo $((ticks / tck))
 }
-# watch_cpu PID LIMIT: SIGINT to the libFuzzer process below PID once the tree has used LIMIT
-# CPU seconds; leaves a mark file so the stop is not taken for a crash.
+# watch_cpu PID LIMIT MARK: once the tree below PID has used LIMIT CPU seconds, stops it: the
+# processes above libFuzzer are frozen (cargo-fuzz would take libFuzzer's interrupt exit for a
+# failure and rebuild the target to replay every slow-unit artifact), libFuzzer gets SIGINT and
+# prints its final statistics, then the frozen ones are killed. Leaves MARK so the stop is not
+# taken for a crash.
 watch_cpu() {
-  local top=$1 limit=$2 mark=$3 tree p
+  local top=$1 limit=$2 mark=$3 tree p fuzzers=() others=()
   while kill -0 "$top" 2>/dev/null; do
     sleep 10
     read -r -a tree <<<"$(descendants "$top")"
-    if [ "$(cpu_of "${tree[@]}")" -ge "$limit" ]; then
-      touch "$mark"
-      for p in "${tree[@]}"; do
-        [ "$(basename "$(readlink "/proc/$p/exe" 2>/dev/null)")" = "$t" ] && kill -INT "$p" 2>/dev/null
-      done
-      return
-    fi
+    [ "$(cpu_of "${tree[@]}")" -ge "$limit" ] || continue
+    touch "$mark"
+    for p in "${tree[@]}"; do
+      if [ "$(basename "$(readlink "/proc/$p/exe" 2>/dev/null)")" = "$t" ]; then
+        fuzzers+=("$p")
+      elif [ "$p" != "$top" ]; then
+        others+=("$p")
+      fi
+    done
+    [ ${#others[@]} -eq 0 ] || kill -STOP "${others[@]}" 2>/dev/null || true
+    [ ${#fuzzers[@]} -eq 0 ] || kill -INT "${fuzzers[@]}" 2>/dev/null || true
+    # An exited libFuzzer stays a zombie under the frozen cargo-fuzz: no exe, times still kept.
+    for p in "${fuzzers[@]}"; do
+      while readlink "/proc/$p/exe" >/dev/null 2>&1; do sleep 1; done
+    done
+    # /usr/bin/time never sees the killed processes' children: the CPU column comes from here.
+    cpu_of "${tree[@]}" >"$mark"
+    [ ${#others[@]} -eq 0 ] || kill -KILL "${others[@]}" 2>/dev/null || true
+    return
   done
 }
 crashed=()
@@ -133,6 +148,7 @@ for t in "${targets[@]}"; do
   # Stopped at the CPU budget: libFuzzer exits 72 after "run interrupted", not a crash.
   if [ -f "$mark" ] && [ "$rc" -ne 0 ] && grep -q 'run interrupted' "$log"; then rc=0; fi
   cpu=$(awk 'END { if (NF == 2) printf "%.0f", $1 + $2; else print "?" }' "$cpufile")
+  [ ! -s "$mark" ] || cpu=$(cat "$mark")
   execs=$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
   [ -n "$execs" ] || execs=$(grep -oE 'Done [0-9]+ runs' "$log" | grep -oE '[0-9]+' | tail -1 || true)
   [ -n "$execs" ] || execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#' || true)
@@ -140,7 +156,12 @@ for t in "${targets[@]}"; do
   cov=$(grep -oE 'cov: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || echo '?')
   ft=$(grep -oE 'ft: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || echo '?')
   eps=$(grep -oE 'exec/s: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || echo '?')
-  crash=$(grep -oE 'Test unit written to [^ ]+' "$log" | awk '{print $5}' | head -1 || true)
+  # A slow-unit artifact (an input that ran over -report_slow_units seconds, e.g. while the
+  # machine was busy) is reported, not counted as a crash.
+  crash=$(grep -oE 'Test unit written to [^ ]+' "$log" | awk '{print $5}' | grep -v '/slow-unit-' |
+    head -1 || true)
+  slow=$(grep -oE 'Test unit written to [^ ]+/slow-unit-[^ ]+' "$log" | awk '{print $5}' || true)
+  [ -z "$slow" ] || echo "fuzz-long: $t: slow inputs (not crashes): $(echo $slow)" >&2
   found=$(count "$scratch")
   if [ "$merge" = 1 ] && [ "$found" -gt 0 ]; then
     cargo +nightly fuzz run "$t" "$corpus" "$scratch" -- -merge=1 >>"$log" 2>&1 || true

@@ -588,18 +588,7 @@ impl Completer {
         };
         let payload = read_bytes(psn, payload_len as usize);
         let ext = opcode.ext_headers().unwrap_or_default();
-        let bth = BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: BthRepr::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: self.qpn,
-            ack_req: false,
-            psn,
-        };
+        let bth = BthRepr::new(opcode, self.qpn, psn);
         let repr = PacketRepr {
             aeth: ext.aeth.then_some(AethRepr { syndrome, msn: 0 }),
             atomic_ack_eth: ext.atomic_ack_eth.then(|| AtomicAckEthRepr {

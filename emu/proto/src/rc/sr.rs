@@ -45,6 +45,7 @@ use crate::qp::Qp;
 use crate::time::Instant;
 use crate::wire::{Opcode, PacketRepr, Psn, SACK_SPAN, SackBitmap};
 
+mod bits;
 mod held;
 mod units;
 

@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
+use super::bits::PsnBits;
 use super::{Held, Placed};
 use crate::wire::{Psn, SACK_SPAN, SackBitmap};
 
@@ -20,10 +21,8 @@ pub(crate) struct HeldRing {
     slots: VecDeque<Option<Held>>,
     /// Occupied slots.
     len: usize,
-    /// The PSN of bit 0 of `bits` (a multiple of 64).
-    bits_base: Psn,
-    /// The PSNs of the held requests that cover one PSN (bit `i % 64` of word `i / 64`).
-    bits: VecDeque<u64>,
+    /// The PSNs of the held requests that cover one PSN.
+    bits: PsnBits,
     /// Held requests that cover more than one PSN (READs): not in `bits`.
     wide: usize,
 }
@@ -57,11 +56,10 @@ impl HeldRing {
             self.base = psn;
             self.bits.clear();
         }
-        self.cover(psn);
         if held.span > 1 {
             self.wide += 1;
         } else {
-            self.set_bit(psn, true);
+            self.bits.set(psn, true);
         }
         let d = psn.diff(self.base);
         if d < 0 {
@@ -80,42 +78,13 @@ impl HeldRing {
         }
     }
 
-    /// Moves `bits_base` back to cover `psn` (`bits` empty: to `psn`).
-    fn cover(&mut self, psn: Psn) {
-        if self.bits.is_empty() {
-            self.bits_base = Psn::new(psn.value() & !63);
-        }
-        while psn.is_before(self.bits_base) {
-            self.bits.push_front(0);
-            self.bits_base = self.bits_base.wrapping_add(Psn::MASK + 1 - 64);
-        }
-    }
-
-    /// Sets or clears the bit of `psn` (which `cover` covered).
-    fn set_bit(&mut self, psn: Psn, on: bool) {
-        let Ok(off) = usize::try_from(psn.diff(self.bits_base)) else {
-            return;
-        };
-        let q = off / 64;
-        if self.bits.len() <= q {
-            if !on {
-                return;
-            }
-            self.bits.resize(q + 1, 0);
-        }
-        if let Some(w) = self.bits.get_mut(q) {
-            let bit = 1u64 << (off % 64);
-            *w = if on { *w | bit } else { *w & !bit };
-        }
-    }
-
     /// Accounts for `held`, leaving the ring.
     fn left(&mut self, psn: Psn, held: &Held) {
         self.len -= 1;
         if held.span > 1 {
             self.wide -= 1;
         } else {
-            self.set_bit(psn, false);
+            self.bits.set(psn, false);
         }
     }
 
@@ -167,18 +136,14 @@ impl HeldRing {
         while self.slots.back().is_some_and(Option::is_none) {
             self.slots.pop_back();
         }
-        while !self.bits.is_empty() && self.base.diff(self.bits_base) >= 64 {
-            self.bits.pop_front();
-            self.bits_base = self.bits_base.wrapping_add(64);
-        }
+        self.bits.drop_before(self.base);
     }
 
     /// Sets in `bitmap`, whose bit 0 stands for `base`, the bit of every PSN a held request
     /// covers (a READ covers its response PSNs).
     pub(crate) fn add_to(&self, bitmap: &mut SackBitmap, base: Psn) {
-        let off = i64::from(base.diff(self.bits_base));
-        for (w, j) in bitmap.0.iter_mut().zip(0i64..) {
-            *w |= self.bits_at(off + 64 * j);
+        for (w, j) in bitmap.0.iter_mut().zip(0u32..) {
+            *w |= self.bits.word_at(base.wrapping_add(64 * j));
         }
         if self.wide == 0 {
             return;
@@ -191,24 +156,6 @@ impl HeldRing {
                 }
             }
         }
-    }
-
-    /// The 64 bits of `bits` from bit `off` on (zero outside it).
-    fn bits_at(&self, off: i64) -> u64 {
-        let word = |q: i64| {
-            usize::try_from(q)
-                .ok()
-                .and_then(|q| self.bits.get(q))
-                .copied()
-                .unwrap_or(0)
-        };
-        let (q, s) = (off.div_euclid(64), off.rem_euclid(64));
-        let lo = word(q) >> s;
-        let hi = match s {
-            0 => 0,
-            _ => word(q + 1) << (64 - s),
-        };
-        lo | hi
     }
 
     /// The held requests in PSN order.

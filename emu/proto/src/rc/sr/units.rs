@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use super::Unit;
+use super::bits::PsnBits;
 use crate::wire::{Psn, SACK_SPAN, SackBitmap};
 
 /// Units in flight by PSN (a READ or atomic is one unit at its first PSN), with the indexes.
@@ -21,12 +22,9 @@ pub(crate) struct Units {
     sacked: i32,
     /// The highest unit reported received.
     high: Option<Psn>,
-    /// PSN of bit 0 of `known` (a multiple of 64).
-    known_base: Psn,
-    /// PSNs from `known_base` on reported received and taken into account (bit `i % 64` of
-    /// word `i / 64`): a unit's bit is cleared when it is sent again, so that the next report
+    /// PSNs reported received and taken into account: a unit's bit is cleared when it is sent again, so that the next report
     /// of it counts its new transmission as delivered.
-    known: VecDeque<u64>,
+    known: PsnBits,
     /// (sequence number, PSN) of every transmission whose unit may still be a hole, in
     /// sequence-number order; entries of units since reported, queued or sent again are stale
     /// and skipped. Every unit neither reported received nor queued has its entry here.
@@ -113,7 +111,7 @@ impl Units {
         u.seq = seq;
         u.queued = false;
         if u.sacked {
-            self.set_known(psn, false);
+            self.known.set(psn, false);
         } else {
             self.candidates.push_back((seq, psn));
         }
@@ -148,10 +146,6 @@ impl Units {
         let n = u32::try_from(sent_high.diff(base))
             .unwrap_or(0)
             .min(SACK_SPAN);
-        self.cover(base);
-        let Ok(off) = u32::try_from(base.diff(self.known_base)) else {
-            return delivered;
-        };
         for (j, &word) in (0u32..).zip(bitmap.0.iter()) {
             let lo = 64 * j;
             let valid = match n.saturating_sub(lo) {
@@ -159,61 +153,18 @@ impl Units {
                 r if r >= 64 => u64::MAX,
                 r => (1 << r) - 1,
             };
-            let mut new = word & valid & !self.known_word(off + lo);
+            let mut new = word & valid & !self.known.word_at(base.wrapping_add(lo));
             while new != 0 {
                 let bit = new.trailing_zeros();
                 new &= new - 1;
                 let p = base.wrapping_add(lo + bit);
-                self.set_known(p, true);
+                self.known.set(p, true);
                 if let Ok(k) = self.position(p) {
                     delivered = delivered.max(self.mark(k).unwrap_or(0));
                 }
             }
         }
         delivered
-    }
-
-    /// The 64 bits of `known` from bit `off` on.
-    fn known_word(&self, off: u32) -> u64 {
-        let (q, s) = ((off / 64) as usize, off % 64);
-        let lo = self.known.get(q).copied().unwrap_or(0) >> s;
-        let hi = match s {
-            0 => 0,
-            _ => self.known.get(q + 1).copied().unwrap_or(0) << (64 - s),
-        };
-        lo | hi
-    }
-
-    /// Moves `known_base` back to cover `psn` (`known` empty: to `psn`).
-    fn cover(&mut self, psn: Psn) {
-        if self.known.is_empty() {
-            self.known_base = Psn::new(psn.value() & !63);
-        }
-        while psn.is_before(self.known_base) {
-            self.known.push_front(0);
-            self.known_base = self.known_base.wrapping_add(Psn::MASK + 1 - 64);
-        }
-    }
-
-    /// Sets or clears the bit of `psn` in `known`.
-    fn set_known(&mut self, psn: Psn, on: bool) {
-        if on {
-            self.cover(psn);
-        }
-        let Ok(off) = usize::try_from(psn.diff(self.known_base)) else {
-            return;
-        };
-        let q = off / 64;
-        if self.known.len() <= q {
-            if !on {
-                return;
-            }
-            self.known.resize(q + 1, 0);
-        }
-        if let Some(w) = self.known.get_mut(q) {
-            let bit = 1u64 << (off % 64);
-            *w = if on { *w | bit } else { *w & !bit };
-        }
     }
 
     /// Forgets the units before `comp` (acknowledged).
@@ -225,10 +176,7 @@ impl Units {
         if self.high.is_some_and(|h| h.is_before(comp)) {
             self.high = None;
         }
-        while !self.known.is_empty() && comp.diff(self.known_base) >= 64 {
-            self.known.pop_front();
-            self.known_base = self.known_base.wrapping_add(64);
-        }
+        self.known.drop_before(comp);
         while let Some(&e) = self.candidates.front() {
             if !e.1.is_before(comp) && self.live(e) {
                 break;
@@ -287,7 +235,7 @@ impl Units {
                 self.sacked += 1;
                 self.high = Some(psn);
                 if u.seq <= delivered {
-                    self.set_known(psn, true);
+                    self.known.set(psn, true);
                 }
             } else if !u.queued {
                 candidates.push((u.seq, psn));

@@ -80,3 +80,70 @@ impl PsnBits {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bits(set: &[u32]) -> PsnBits {
+        let mut b = PsnBits::default();
+        for &p in set {
+            b.set(Psn::new(p), true);
+        }
+        b
+    }
+
+    /// The first bit set puts `base` at its PSN's multiple of 64, one word long; a PSN before
+    /// it grows the set at the front by whole words, across the PSN wrap too.
+    #[test]
+    fn base_is_the_multiple_of_64_at_or_before_every_bit() {
+        let mut b = bits(&[100]);
+        assert_eq!((b.base, b.words.len()), (Psn::new(64), 1));
+        b.set(Psn::new(3), true);
+        assert_eq!((b.base, b.words.len()), (Psn::new(0), 2));
+        b.set(Psn::new(Psn::MASK - 70), true);
+        assert_eq!((b.base, b.words.len()), (Psn::new(Psn::MASK + 1 - 128), 4));
+        assert_eq!(b.word_at(Psn::new(0)), 1 << 3);
+        assert_eq!(b.word_at(Psn::new(64)), 1 << 36);
+        assert_eq!(b.word_at(Psn::new(Psn::MASK - 70)), 1);
+    }
+
+    /// Setting a bit twice leaves it set; clearing one leaves its neighbours.
+    #[test]
+    fn set_is_idempotent_and_clearing_is_per_bit() {
+        let mut b = bits(&[7, 7, 8]);
+        assert_eq!(b.word_at(Psn::new(0)), 0b1_1000_0000);
+        b.set(Psn::new(7), false);
+        assert_eq!(b.word_at(Psn::new(0)), 0b1_0000_0000);
+        b.set(Psn::new(1000), false);
+        assert_eq!(
+            b.words.len(),
+            1,
+            "clearing a bit outside the set does not grow it"
+        );
+    }
+
+    /// A word read from any PSN joins the two words it straddles.
+    #[test]
+    fn word_at_straddles_two_words() {
+        let b = bits(&[60, 63, 64, 70]);
+        assert_eq!(b.word_at(Psn::new(60)), 0b100_0001_1001);
+        assert_eq!(b.word_at(Psn::new(64)), 0b100_0001);
+        assert_eq!(b.word_at(Psn::new(200)), 0);
+    }
+
+    /// `clear` forgets every bit; `drop_before` forgets the words wholly before a PSN and
+    /// keeps the word holding it.
+    #[test]
+    fn clear_and_drop_before_forget_bits() {
+        let mut b = bits(&[0, 129, 200]);
+        b.drop_before(Psn::new(130));
+        assert_eq!((b.base, b.words.len()), (Psn::new(128), 2));
+        assert_eq!(b.word_at(Psn::new(0)), 0);
+        assert_eq!(b.word_at(Psn::new(128)), 0b10);
+        assert_eq!(b.word_at(Psn::new(192)), 1 << 8);
+        b.clear();
+        assert_eq!(b.word_at(Psn::new(128)), 0);
+        assert_eq!(b.word_at(Psn::new(192)), 0);
+    }
+}

@@ -285,6 +285,11 @@ mod tests {
             let want: Vec<Psn> = map.keys().map(|&k| psn(k)).collect();
             assert_eq!(keys, want);
             assert_eq!(ring.is_empty(), map.is_empty());
+            // The ring is no longer than its held span: the first and last slots are occupied.
+            let occupied = ring.slots.iter().filter(|s| s.is_some()).count();
+            assert_eq!((ring.len, occupied), (map.len(), map.len()));
+            assert!(ring.slots.front().is_none_or(Option::is_some));
+            assert!(ring.slots.back().is_none_or(Option::is_some));
         }
     }
 }

@@ -288,6 +288,8 @@ mod tests {
             // The ring is no longer than its held span: the first and last slots are occupied.
             let occupied = ring.slots.iter().filter(|s| s.is_some()).count();
             assert_eq!((ring.len, occupied), (map.len(), map.len()));
+            let wide = map.values().filter(|&&(span, _)| span > 1).count();
+            assert_eq!(ring.wide, wide, "the count of held READs");
             assert!(ring.slots.front().is_none_or(Option::is_some));
             assert!(ring.slots.back().is_none_or(Option::is_some));
         }

@@ -192,3 +192,41 @@ pub(crate) fn emit_as(
     tpl.fill_icrc(out)?;
     Ok(total)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// `ip_context` gives what `IpContext::between` gives for the two socket addresses, in both
+    /// address families, and refuses a path that mixes them.
+    #[test]
+    fn ip_context_is_between_without_socket_addresses() {
+        let paths = [
+            ("10.0.0.1:49152", "10.0.0.2:4791"),
+            ("[fd00::1]:49152", "[fd00::2]:4791"),
+        ];
+        for (src, dst) in paths {
+            let (src, dst): (SocketAddr, SocketAddr) = (src.parse().unwrap(), dst.parse().unwrap());
+            let got = ip_context(src.ip(), dst.ip(), src.port(), dst.port()).ok();
+            assert_eq!(got, IpContext::between(src, dst), "{src} -> {dst}");
+            assert!(got.is_some());
+        }
+        let mixed = ip_context(
+            "10.0.0.1".parse().unwrap(),
+            "fd00::2".parse().unwrap(),
+            1,
+            2,
+        );
+        assert!(matches!(mixed, Err(TxError::AddressFamily)));
+    }
+
+    /// A template prints as its name only, so `Hca::canonical_state` holds no cache.
+    #[test]
+    fn a_template_prints_as_its_name() {
+        let mut tpl = PathTemplate::default();
+        let src: SocketAddr = "10.0.0.1:49152".parse().unwrap();
+        assert!(tpl.prepare(src, "10.0.0.2".parse().unwrap(), 4791).is_ok());
+        assert_eq!(format!("{tpl:?}"), "PathTemplate");
+    }
+}

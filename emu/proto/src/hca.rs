@@ -1338,7 +1338,23 @@ impl Hca {
     /// Builds the next packet to send into `buf` (at least [`MAX_PACKET_LEN`] bytes) and says
     /// where it goes; `None` when no QP has anything to send now. Responses go before new
     /// requests of the same QP; QPs take turns.
+    #[inline]
     pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        // Inlined into the driver's loop: with no QP queued the answer is a length check, not
+        // a call into the body (which saves and restores many registers).
+        if self.ready.is_empty() {
+            return None;
+        }
+        self.transmit_ready(now, mem, buf)
+    }
+
+    /// [`Hca::poll_transmit`] with QPs queued.
+    fn transmit_ready(
         &mut self,
         now: Instant,
         mem: &dyn Memory,
@@ -1474,13 +1490,23 @@ impl Hca {
     }
 
     /// The next asynchronous event.
+    #[inline]
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        // Inlined into the driver's loop: an empty queue costs a length check, not a call.
+        if self.events.is_empty() {
+            return None;
+        }
+        self.next_event()
+    }
+
+    fn next_event(&mut self) -> Option<AsyncEvent> {
         let event = self.events.pop_front()?;
         tracing::debug!(kind = "async", dev = %self.config.name, event = ?event.kind, element = ?event.element);
         Some(event)
     }
 
     /// The next completion-channel notification the driver must deliver.
+    #[inline]
     pub fn poll_notification(&mut self) -> Option<Notification> {
         self.notifications.pop_front()
     }

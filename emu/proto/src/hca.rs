@@ -1663,6 +1663,7 @@ impl Hca {
         let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
             return;
         };
+        let old = std::mem::replace(&mut qp.rc.timer_key, want);
         match want {
             Some(new) => {
                 tracing::trace!(kind = "timer.armed", qp = qpn, at = new.as_nanos());
@@ -1670,8 +1671,12 @@ impl Hca {
             }
             None => tracing::trace!(kind = "timer.cancelled", qp = qpn),
         }
-        qp.rc.timer_key = want;
-        self.purge_timers();
+        // Only a deadline that was set leaves a dead entry, which may be the front. Arming a QP
+        // that had none (the ACK timeout of a WRITE) keeps the front live: it is the old front,
+        // another QP's, or the new entry.
+        if old.is_some() {
+            self.purge_timers();
+        }
     }
 
     /// Drops dead timer entries from the front of the index (see [`TimerIndex`]).

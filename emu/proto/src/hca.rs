@@ -1362,12 +1362,19 @@ impl Hca {
     ) -> Option<Transmit> {
         let src_ip: IpAddr = self.own_ip;
         while let Some(qpn) = self.ready.pop_front() {
-            // Spans only for a QP with work: the driver calls this in its loops.
-            let _span = self.qp_span(Some(now), qpn);
             let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
                 continue;
             };
             qp.rc.queued = false;
+            if qp.qp_type != QpType::Ud && idle(qp) {
+                continue;
+            }
+            // Spans only for a QP with work (the driver calls this in its loops): an idle turn,
+            // which logs nothing, opens none.
+            let _span = self.qp_span(Some(now), qpn);
+            let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
+                continue;
+            };
             if qp.qp_type == QpType::Ud {
                 let mut ctx = step_ctx!(self, now, mem);
                 let mut fatal = false;
@@ -1384,9 +1391,6 @@ impl Hca {
                         class: PacketClass::Request,
                     });
                 }
-                continue;
-            }
-            if idle(qp) {
                 continue;
             }
             let src_port = self

@@ -1025,20 +1025,20 @@ impl Hca {
                 return Err(PostError::new(i, e));
             };
             let limits = &self.config.limits;
-            let mut wqe = qp::check_send_wr(qp, wr, limits).map_err(|e| PostError::new(i, e))?;
-            wqe.ud = ud;
+            let length = qp::check_send_wr(qp, wr, limits).map_err(|e| PostError::new(i, e))?;
             if qp.sq.len() >= qp.cap.max_send_wr as usize {
                 return Err(PostError::new(i, Error::no_memory("send queue full")));
             }
             if state == QpState::Err {
                 let cq = qp.send_cq;
+                let wqe = qp::send_wqe(qp, wr, length, ud);
                 self.complete(
                     cq,
                     flush_wc(qpn, wqe.wr_id, completer::wc_opcode(&wqe)),
                     false,
                 );
             } else {
-                qp.sq.push_back(wqe);
+                qp.sq.push_back(qp::send_wqe(qp, wr, length, ud));
                 self.mark_ready(qpn);
             }
         }

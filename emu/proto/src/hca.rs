@@ -1191,7 +1191,9 @@ impl Hca {
             self.handle_sack(now, src.ip(), bytes, mem);
             return;
         }
-        let Ok(pkt) = PacketRepr::parse(&Packet::new_unchecked(bytes)) else {
+        // Borrowed where `parse` returned it: moving the repr out of its `Result` copied it.
+        let parsed = PacketRepr::parse(&Packet::new_unchecked(bytes));
+        let Ok(pkt) = &parsed else {
             self.stats.count_drop(RxDropCause::Malformed);
             return;
         };
@@ -1207,17 +1209,17 @@ impl Hca {
         ) else {
             return;
         };
-        if let Some(cause) = refusal(qp, &pkt, src.ip()) {
+        if let Some(cause) = refusal(qp, pkt, src.ip()) {
             qp.rc.stats.count_drop(cause);
             return;
         }
         let op = pkt.bth.opcode;
         let mut ctx = step_ctx!(self, now, mem);
         let fatal = if op.is_request() {
-            responder::handle_request(qp, &mut ctx, &pkt) == responder::Disposition::Fatal
+            responder::handle_request(qp, &mut ctx, pkt) == responder::Disposition::Fatal
         } else {
             qp.rc.stats.rcvd_pkts += 1;
-            completer::handle_response(qp, &mut ctx, &pkt) == completer::Disposition::Fatal
+            completer::handle_response(qp, &mut ctx, pkt) == completer::Disposition::Fatal
         };
         self.after_step(qpn, fatal, true);
     }

@@ -1025,20 +1025,20 @@ impl Hca {
                 return Err(PostError::new(i, e));
             };
             let limits = &self.config.limits;
-            let mut wqe = qp::check_send_wr(qp, wr, limits).map_err(|e| PostError::new(i, e))?;
-            wqe.ud = ud;
+            let length = qp::check_send_wr(qp, wr, limits).map_err(|e| PostError::new(i, e))?;
             if qp.sq.len() >= qp.cap.max_send_wr as usize {
                 return Err(PostError::new(i, Error::no_memory("send queue full")));
             }
             if state == QpState::Err {
                 let cq = qp.send_cq;
+                let wqe = qp::send_wqe(qp, wr, length, ud);
                 self.complete(
                     cq,
                     flush_wc(qpn, wqe.wr_id, completer::wc_opcode(&wqe)),
                     false,
                 );
             } else {
-                qp.sq.push_back(wqe);
+                qp.sq.push_back(qp::send_wqe(qp, wr, length, ud));
                 self.mark_ready(qpn);
             }
         }
@@ -1191,7 +1191,9 @@ impl Hca {
             self.handle_sack(now, src.ip(), bytes, mem);
             return;
         }
-        let Ok(pkt) = PacketRepr::parse(&Packet::new_unchecked(bytes)) else {
+        // Borrowed where `parse` returned it: moving the repr out of its `Result` copied it.
+        let parsed = PacketRepr::parse(&Packet::new_unchecked(bytes));
+        let Ok(pkt) = &parsed else {
             self.stats.count_drop(RxDropCause::Malformed);
             return;
         };
@@ -1207,17 +1209,17 @@ impl Hca {
         ) else {
             return;
         };
-        if let Some(cause) = refusal(qp, &pkt, src.ip()) {
+        if let Some(cause) = refusal(qp, pkt, src.ip()) {
             qp.rc.stats.count_drop(cause);
             return;
         }
         let op = pkt.bth.opcode;
         let mut ctx = step_ctx!(self, now, mem);
         let fatal = if op.is_request() {
-            responder::handle_request(qp, &mut ctx, &pkt) == responder::Disposition::Fatal
+            responder::handle_request(qp, &mut ctx, pkt) == responder::Disposition::Fatal
         } else {
             qp.rc.stats.rcvd_pkts += 1;
-            completer::handle_response(qp, &mut ctx, &pkt) == completer::Disposition::Fatal
+            completer::handle_response(qp, &mut ctx, pkt) == completer::Disposition::Fatal
         };
         self.after_step(qpn, fatal, true);
     }
@@ -1338,7 +1340,23 @@ impl Hca {
     /// Builds the next packet to send into `buf` (at least [`MAX_PACKET_LEN`] bytes) and says
     /// where it goes; `None` when no QP has anything to send now. Responses go before new
     /// requests of the same QP; QPs take turns.
+    #[inline]
     pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        // Inlined into the driver's loop: with no QP queued the answer is a length check, not
+        // a call into the body (which saves and restores many registers).
+        if self.ready.is_empty() {
+            return None;
+        }
+        self.transmit_ready(now, mem, buf)
+    }
+
+    /// [`Hca::poll_transmit`] with QPs queued.
+    fn transmit_ready(
         &mut self,
         now: Instant,
         mem: &dyn Memory,
@@ -1346,12 +1364,19 @@ impl Hca {
     ) -> Option<Transmit> {
         let src_ip: IpAddr = self.own_ip;
         while let Some(qpn) = self.ready.pop_front() {
-            // Spans only for a QP with work: the driver calls this in its loops.
-            let _span = self.qp_span(Some(now), qpn);
             let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
                 continue;
             };
             qp.rc.queued = false;
+            if qp.qp_type != QpType::Ud && idle(qp) {
+                continue;
+            }
+            // Spans only for a QP with work (the driver calls this in its loops): an idle turn,
+            // which logs nothing, opens none.
+            let _span = self.qp_span(Some(now), qpn);
+            let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
+                continue;
+            };
             if qp.qp_type == QpType::Ud {
                 let mut ctx = step_ctx!(self, now, mem);
                 let mut fatal = false;
@@ -1368,9 +1393,6 @@ impl Hca {
                         class: PacketClass::Request,
                     });
                 }
-                continue;
-            }
-            if idle(qp) {
                 continue;
             }
             let src_port = self
@@ -1474,13 +1496,23 @@ impl Hca {
     }
 
     /// The next asynchronous event.
+    #[inline]
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        // Inlined into the driver's loop: an empty queue costs a length check, not a call.
+        if self.events.is_empty() {
+            return None;
+        }
+        self.next_event()
+    }
+
+    fn next_event(&mut self) -> Option<AsyncEvent> {
         let event = self.events.pop_front()?;
         tracing::debug!(kind = "async", dev = %self.config.name, event = ?event.kind, element = ?event.element);
         Some(event)
     }
 
     /// The next completion-channel notification the driver must deliver.
+    #[inline]
     pub fn poll_notification(&mut self) -> Option<Notification> {
         self.notifications.pop_front()
     }
@@ -1637,6 +1669,7 @@ impl Hca {
         let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
             return;
         };
+        let old = std::mem::replace(&mut qp.rc.timer_key, want);
         match want {
             Some(new) => {
                 tracing::trace!(kind = "timer.armed", qp = qpn, at = new.as_nanos());
@@ -1644,8 +1677,12 @@ impl Hca {
             }
             None => tracing::trace!(kind = "timer.cancelled", qp = qpn),
         }
-        qp.rc.timer_key = want;
-        self.purge_timers();
+        // Only a deadline that was set leaves a dead entry, which may be the front. Arming a QP
+        // that had none (the ACK timeout of a WRITE) keeps the front live: it is the old front,
+        // another QP's, or the new entry.
+        if old.is_some() {
+            self.purge_timers();
+        }
     }
 
     /// Drops dead timer entries from the front of the index (see [`TimerIndex`]).

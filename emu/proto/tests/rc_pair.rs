@@ -2639,6 +2639,50 @@ fn device_stats_include_destroyed_qps_and_destroy_clears_timers() {
     assert_eq!(p.a.hca.poll_timeout(), None);
 }
 
+/// The HCA's next deadline is always a live one (the timer index's lazy deletion): an ACK that
+/// moves a QP's ACK timeout later (progress with more outstanding, §3.7) shows the new
+/// deadline, not the dead entry before it, and the ACK that cancels it leaves none.
+#[test]
+fn next_deadline_follows_the_ack_timeout_as_it_moves_and_ends() {
+    let mut p = Pair::new();
+    let va = p.b.va(0);
+    let rkey = p.b.mr.rkey;
+    let sge = [p.a.at(0, 8)];
+    let write = |id| {
+        SendWr::new(
+            id,
+            SendOp::RdmaWrite {
+                remote_addr: va,
+                rkey,
+            },
+            &sge,
+        )
+        .with_flags(SendFlags::SIGNALED)
+    };
+    let t = ack_timeout(p.opts.timeout);
+    // Both WRITEs held on the wire: the first arms the timeout at `t`, the second leaves it.
+    p.set_filter(|_| Action::Hold);
+    p.post_a(&[write(1)]);
+    assert_eq!(p.transmit(), 1);
+    assert_eq!(p.a.hca.poll_timeout(), Some(at(t)));
+    let later = Duration::from_micros(3);
+    p.now = at(later);
+    p.post_a(&[write(2)]);
+    assert_eq!(p.transmit(), 1);
+    assert_eq!(p.a.hca.poll_timeout(), Some(at(t)));
+    // The first one delivered and acknowledged at `later`: the timeout restarts from there.
+    p.clear_filter();
+    p.release_one(0);
+    assert!(p.flush());
+    assert_eq!(statuses(&p.a.send_wcs()), [(1, WcStatus::Success)]);
+    assert_eq!(p.a.hca.poll_timeout(), Some(at(later + t)));
+    // The second one acknowledged: no deadline is left.
+    p.release_held(false);
+    assert!(p.flush());
+    assert_eq!(statuses(&p.a.send_wcs()), [(2, WcStatus::Success)]);
+    assert_eq!(p.a.hca.poll_timeout(), None);
+}
+
 /// A receive completion that overruns the responder's CQ: `CQ_ERR` for the CQ, and the
 /// responder's QP enters ERR (rc-transport.md §4.3 class G, rxe's RESPST_ERR_CQ_OVERFLOW), so
 /// its peer sees silence and ends in RETRY_EXC_ERR instead of believing a lost receive worked.

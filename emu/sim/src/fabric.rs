@@ -195,10 +195,19 @@ pub(crate) struct Wire {
     capture: Option<Capture>,
     record: Option<Vec<TraceRecord>>,
     pool: Pool,
-    /// Nodes that may have something to transmit: every node at the start of a pump, then
-    /// those that received a datagram or fired a timer. Saves `poll_transmit` calls that would
-    /// return nothing.
+    /// The buffer the next `poll_transmit` writes into: it stays here while transmit queues
+    /// come back empty and is replaced from `pool` only when a datagram leaves in it.
+    spare: Vec<u8>,
+    /// Nodes that may have something to transmit: every node at the start of a pump
+    /// (`all_dirty`), then those that received a datagram or fired a timer. Saves
+    /// `poll_transmit` calls that would return nothing.
     dirty: Vec<bool>,
+    /// Every node counts as dirty: set at the start of a pump instead of filling `dirty`.
+    all_dirty: bool,
+    /// `all_dirty` or some entry of `dirty` may be true: false lets a pump step that follows a
+    /// step with nothing delivered (a jump in virtual time, the step after a send) skip the
+    /// scan.
+    any_dirty: bool,
     /// Datagrams sent to an address no node has.
     pub(crate) undeliverable: u64,
 }
@@ -239,7 +248,10 @@ impl Wire {
                 .map(|sink| Capture::new(sink, config.addrs.clone())),
             record: config.record.then(Vec::new),
             pool: Pool::default(),
+            spare: vec![0; MAX_PACKET_LEN],
             dirty: vec![true; config.addrs.len()],
+            all_dirty: true,
+            any_dirty: true,
             undeliverable: 0,
         }
     }
@@ -297,6 +309,7 @@ impl Wire {
     fn mark(&mut self, i: usize) {
         if let Some(d) = self.dirty.get_mut(i) {
             *d = true;
+            self.any_dirty = true;
         }
     }
 
@@ -391,22 +404,24 @@ pub(crate) const PUMP_BUDGET: usize = 1 << 16;
 
 /// Drains every HCA's transmit queue at `now`; true if anything was sent.
 fn transmit_all<N: PumpNode>(wire: &mut Wire, nodes: &mut [N], now: Instant) -> bool {
+    if !std::mem::take(&mut wire.any_dirty) {
+        return false;
+    }
+    let all = std::mem::take(&mut wire.all_dirty);
     let mut sent = false;
     for (i, node) in nodes.iter_mut().enumerate() {
         match wire.dirty.get_mut(i) {
-            Some(d) if *d => *d = false,
+            Some(d) if *d || all => *d = false,
             _ => continue,
         }
         let Some(&addr) = wire.addrs.get(i) else {
             continue;
         };
         let (hca, mem) = node.parts();
-        loop {
-            let mut buf = wire.pool.take();
-            let Some(tx) = hca.poll_transmit(now, mem, &mut buf) else {
-                wire.pool.give(buf);
-                break;
-            };
+        // An empty poll leaves the spare buffer where it is; one that fills it sends it and
+        // takes the next spare from the pool.
+        while let Some(tx) = hca.poll_transmit(now, mem, &mut wire.spare) {
+            let buf = std::mem::replace(&mut wire.spare, wire.pool.take());
             sent = true;
             let src = SocketAddr::new(addr.ip(), tx.src_port);
             let len = tx.len.min(buf.len());
@@ -447,7 +462,8 @@ fn fire_timers<N: PumpNode>(wire: &mut Wire, nodes: &mut [N], now: Instant) {
 pub(crate) fn pump<N: PumpNode>(wire: &mut Wire, nodes: &mut [N], goal: Goal) -> Pumped {
     let mut out = Pumped::default();
     // The call before this pump may have given any node work.
-    wire.dirty.iter_mut().for_each(|d| *d = true);
+    wire.all_dirty = true;
+    wire.any_dirty = true;
     for _ in 0..PUMP_BUDGET {
         wire.tick();
         let now = wire.now;

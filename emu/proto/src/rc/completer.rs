@@ -193,18 +193,12 @@ fn progress(qp: &mut Qp, ctx: &mut Ctx<'_>, comp: Psn) {
 /// Retires the head WQE with `status`, reporting it if signaled or failed (IBA 10.7.3.1: an
 /// error always generates a completion).
 pub(crate) fn complete_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
-    let Some(wqe) = qp.sq.pop_front() else {
-        return;
-    };
-    qp.rc.req_index = qp.rc.req_index.saturating_sub(1);
-    if wqe.tx.holds_slot {
-        qp.rc.rd_atomic_outstanding = qp.rc.rd_atomic_outstanding.saturating_sub(1);
-    }
-    if wqe.signaled || status != WcStatus::Success {
+    // What the completion needs, read in place: popping the WQE by value copied all of it.
+    let Some((holds_slot, report, wc)) = qp.sq.front().map(|wqe| {
         let wc = WorkCompletion {
             wr_id: wqe.wr_id,
             status,
-            opcode: wc_opcode(&wqe),
+            opcode: wc_opcode(wqe),
             byte_len: if status == WcStatus::Success {
                 u32::try_from(wqe.length).unwrap_or(u32::MAX)
             } else {
@@ -213,6 +207,17 @@ pub(crate) fn complete_head(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
             qp_num: qp.qpn,
             ..WorkCompletion::default()
         };
+        let report = wqe.signaled || status != WcStatus::Success;
+        (wqe.tx.holds_slot, report, wc)
+    }) else {
+        return;
+    };
+    qp.sq.pop_front();
+    qp.rc.req_index = qp.rc.req_index.saturating_sub(1);
+    if holds_slot {
+        qp.rc.rd_atomic_outstanding = qp.rc.rd_atomic_outstanding.saturating_sub(1);
+    }
+    if report {
         ctx.wcs.push((qp.send_cq, wc, false));
     }
     if qp.rc.sqd_notify && !qp.sq_draining() {

@@ -3,8 +3,9 @@
 //! the exact packets that go out, and what a QP in IBTA mode does with a selective ACK.
 //!
 //! * lost data: resent alone once the selective ACK shows 8 later transmissions delivered;
-//! * lost selective ACK: the probe resends the oldest unacknowledged PSN, whose duplicate
-//!   draws a new selective ACK;
+//! * lost selective ACK: the probe resends the newest unit, whose duplicate draws a new
+//!   selective ACK, which shows every hole sent before the probe;
+//! * lost tail: the probe resends the newest unit, once;
 //! * reordering without loss: nothing is resent below the reorder threshold (8 places), one
 //!   packet resent once at or beyond it;
 //! * lost retransmission: the probe resends it again;
@@ -146,9 +147,9 @@ fn lost_sack_is_recovered_by_the_probe() {
     assert!(p.run_until_idle());
     let out = p.seen(Dir::AtoB);
     let mut want: Vec<u32> = (P..P + 32).collect();
-    // The probe resends the oldest unacknowledged PSN; its duplicate draws a selective ACK
-    // that names P+1.
-    want.extend([P, P + 1]);
+    // Nothing is reported received, so the probe resends the newest unit; its duplicate draws
+    // a selective ACK that names P+1.
+    want.extend([P + 31, P + 1]);
     assert_eq!(psns(&out), want);
     let probe_at = out[32].at;
     assert_eq!(probe_at, Instant::ZERO + Duration::from_micros(100));
@@ -574,5 +575,71 @@ fn duplicate_of_a_held_request_counts_once_and_draws_a_sack() {
     assert_eq!(back[1].sack, Some(bits(P + 1, P + 2, P + 31)));
     p.release_held(false);
     assert!(p.run_until_idle());
+    assert_delivered(&mut p);
+}
+
+#[test]
+fn lost_tail_is_recovered_by_one_probe_and_one_resend() {
+    let mut p = sr_pair();
+    drop_psn(&mut p, P + 31, 1);
+    post_send(&mut p);
+    assert!(p.run_until_idle());
+    let out = p.seen(Dir::AtoB);
+    let mut want: Vec<u32> = (P..P + 32).collect();
+    // The probe resends the newest unit (the oldest, P, had arrived: its ACK was coalesced).
+    want.push(P + 31);
+    assert_eq!(psns(&out), want);
+    assert_eq!(out[32].at, Instant::ZERO + Duration::from_micros(100));
+    assert!(out[32].ack_req);
+    let back = p.seen(Dir::BtoA);
+    assert_eq!(back.len(), 1);
+    assert_eq!((back[0].op, back[0].psn), (Opcode::Acknowledge, P + 31));
+    let a = p.a.stats();
+    assert_eq!(
+        (
+            a.sr_probes,
+            a.retransmits_sack,
+            a.retransmits(),
+            a.timeout_retries
+        ),
+        (1, 1, 1, 0)
+    );
+    assert_delivered(&mut p);
+}
+
+#[test]
+fn the_answer_to_a_probe_shows_every_hole_sent_before_it() {
+    // P+28 and the selective ACK its gap draws are lost: nothing is reported
+    // received, so the probe resends the newest unit. The selective ACK its duplicate draws
+    // shows P+28 missing; P+28 is fewer than 8 transmissions older than the probe's, but it was
+    // sent before the probe, so it is resent at once (not by a second probe).
+    let mut p = sr_pair();
+    let mut dropped_data = false;
+    let mut sacks_to_drop = 1;
+    p.set_filter(move |pkt| {
+        let s = pkt.seen();
+        if s.dir == Dir::AtoB && s.psn == P + 28 && !dropped_data {
+            dropped_data = true;
+            Action::Drop
+        } else if s.is_sack() && sacks_to_drop > 0 {
+            sacks_to_drop -= 1;
+            Action::Drop
+        } else {
+            Action::Deliver
+        }
+    });
+    post_send(&mut p);
+    assert!(p.run_until_idle());
+    let out = p.seen(Dir::AtoB);
+    let mut want: Vec<u32> = (P..P + 32).collect();
+    want.extend([P + 31, P + 28]);
+    assert_eq!(psns(&out), want);
+    assert_eq!(out[32].at, Instant::ZERO + Duration::from_micros(100));
+    assert_eq!(out[33].at, out[32].at, "the answer, not a second probe");
+    let a = p.a.stats();
+    assert_eq!(
+        (a.sr_probes, a.retransmits_sack, a.timeout_retries),
+        (1, 2, 0)
+    );
     assert_delivered(&mut p);
 }

@@ -32,6 +32,9 @@ struct Run {
     sent: u64,
     /// Packets the plan dropped.
     dropped: u64,
+    /// Selective repeat's probes, and retries after the local ACK timeout.
+    probes: u64,
+    timeouts: u64,
 }
 
 /// Streams [`WRS`] WRITEs with `recovery` on both QPs at random loss `loss`.
@@ -75,6 +78,8 @@ fn stream(recovery: Recovery, loss: f64) -> Run {
         retx: a.retransmits(),
         sent: a.sent_pkts,
         dropped: p.sim.fault_counters().total().dropped,
+        probes: a.sr_probes,
+        timeouts: a.timeout_retries,
     }
 }
 
@@ -118,12 +123,18 @@ struct Episode {
 /// random stream starts afresh, so an episode meets the same verdicts as every other at its
 /// rate. Then the pair idles lossless for 5 ms.
 fn episode(p: &SimPair, k: u32, loss: f64) -> Episode {
+    episode_with(p, k, loss, loss > 0.0)
+}
+
+/// [`episode`], losing the first transmission of the stream's last packet if `tail`.
+fn episode_with(p: &SimPair, k: u32, loss: f64, tail: bool) -> Episode {
     let mut plan = FaultPlan::new(19).rule(rate_limit(1_000_000_000));
-    if loss > 0.0 {
+    if tail {
         let last = Psn::new(FIRST_PSN).wrapping_add((k + 1) * STREAM_PSNS - 1);
-        plan = plan
-            .rule(drop_nth(1).psn_range(last, last))
-            .rule(drop(loss));
+        plan = plan.rule(drop_nth(1).psn_range(last, last));
+    }
+    if loss > 0.0 {
+        plan = plan.rule(drop(loss));
     }
     p.sim.set_faults(plan).unwrap();
     let before = p.qp_a.stats().unwrap();
@@ -208,4 +219,22 @@ fn a_later_loss_episode_on_one_qp_costs_what_the_first_did() {
         }
     }
     assert_eq!(compared, 3);
+}
+
+/// Issue 19: losing only the stream's last packet costs one probe and one resend (the probe
+/// resends the newest unit, not the oldest unacknowledged one, which had arrived), and the
+/// virtual time of the lossless episode plus the probe interval and a round trip.
+#[test]
+fn a_lost_tail_costs_one_probe_and_one_resend() {
+    let p = long_lived_pair();
+    episode(&p, 0, 0.0);
+    let lossless = episode(&p, 1, 0.0);
+    let tail = episode_with(&p, 2, 0.0, true);
+    let cost = tail.elapsed.saturating_sub(lossless.elapsed);
+    eprintln!("lossless: {lossless:?}; tail lost: {tail:?}; cost {cost:?}");
+    assert_eq!((lossless.retx, lossless.probes), (0, 0));
+    assert_eq!(
+        (tail.sent, tail.retx, tail.probes),
+        (lossless.sent + 1, 1, 1)
+    );
 }

@@ -108,6 +108,10 @@ pub(crate) struct SrState {
     pub(crate) probe_at: Option<Instant>,
     /// Probes since the last progress.
     pub(crate) backoff: u32,
+    /// Sequence number of the first transmission after the latest probe fired, until a
+    /// selective ACK shows it delivered: then every hole sent before it is lost, whatever the
+    /// reorder threshold says (see [`queue_holes`]).
+    pub(crate) probe_seq: Option<u64>,
 }
 
 /// A request held by the responder until the PSNs before it arrive.
@@ -308,7 +312,8 @@ pub(crate) fn note_sack(rc: &mut RcState, psn: Psn, bitmap: &SackBitmap) {
 
 /// Queues for resend every unit before the highest one reported received that is still
 /// missing: all of them if `all` (the probe), else those [`REORDER_THRESHOLD`] transmissions
-/// older than the newest delivered one.
+/// older than the newest delivered one, and, once a transmission sent after the latest probe
+/// fired is shown delivered (the probe's answer), every one sent before the probe.
 ///
 /// Without `all` it pops the units' hole candidates old enough ([`Units::old_holes`]) instead of
 /// walking every unit: a selective ACK costs what changed.
@@ -318,7 +323,15 @@ pub(crate) fn queue_holes(rc: &mut RcState, all: bool) {
     let mut holes = if all {
         all_holes(&sr.units, comp)
     } else {
-        match sr.delivered.checked_sub(REORDER_THRESHOLD) {
+        let delivered = sr.delivered;
+        let answered = sr.probe_seq.filter(|&s| s <= delivered);
+        if answered.is_some() {
+            sr.probe_seq = None;
+        }
+        let limit = delivered
+            .checked_sub(REORDER_THRESHOLD)
+            .max(answered.map(|s| s - 1));
+        match limit {
             Some(limit) => sr.units.old_holes(comp, limit),
             None => return,
         }
@@ -348,8 +361,18 @@ fn all_holes(units: &Units, comp: Psn) -> Vec<Psn> {
         .collect()
 }
 
-/// The probe fired: resend the oldest unacknowledged PSN and every unit still missing, and back
-/// off. False if nothing is outstanding.
+/// The probe fired: resend every unit that may be missing, and back off. False if nothing is
+/// outstanding.
+///
+/// If some unit is reported received, the probe resends the oldest unacknowledged PSN first
+/// (its answer acknowledges what arrived in order) and every hole before the highest one
+/// reported. Past that, nothing can tell a loss: the probe resends the newest unit unless it
+/// is reported (as TCP's tail loss probe does), since a lost tail has no later packet to reveal
+/// it. If nothing is reported, the newest unit is all it resends: if that was the loss, it
+/// fills the gap and its ACK covers everything; if it had arrived, its duplicate draws an ACK
+/// or a selective ACK, and that answer shows every hole sent before the probe
+/// ([`queue_holes`]). Resending the oldest instead cost a lost tail a second probe: the oldest
+/// had usually arrived, its ACK held back by coalescing.
 pub(crate) fn probe(rc: &mut RcState, now: Instant) -> bool {
     rc.sr.probe_at = None;
     let comp = rc.comp_psn;
@@ -357,17 +380,33 @@ pub(crate) fn probe(rc: &mut RcState, now: Instant) -> bool {
         return false;
     }
     rc.stats.sr_probes += 1;
-    let queued = rc.sr.units.get(comp).is_some_and(|u| u.queued);
-    if !queued && !rc.sr.resend.contains(&comp) {
-        rc.sr.resend.push_front(comp);
-        if let Some(u) = rc.sr.units.get_mut(comp) {
-            u.queued = true;
-        }
+    let newest = rc.sr.units.newest();
+    if rc.sr.units.high().is_some() || newest.is_none() {
+        queue_probed(&mut rc.sr, comp, true);
     }
     queue_holes(rc, true);
+    if let Some(n) = newest.filter(|&n| !is_sacked(rc, n)) {
+        queue_probed(&mut rc.sr, n, false);
+    }
+    rc.sr.probe_seq = Some(rc.sr.seq + 1);
     rc.sr.backoff = (rc.sr.backoff + 1).min(MAX_BACKOFF);
     rc.sr.probe_at = Some(now + probe_interval(rc));
     true
+}
+
+/// Queues unit `psn` for resend (first if `front`) unless it is queued already.
+fn queue_probed(sr: &mut SrState, psn: Psn, front: bool) {
+    if sr.units.get(psn).is_some_and(|u| u.queued) || sr.resend.contains(&psn) {
+        return;
+    }
+    if front {
+        sr.resend.push_front(psn);
+    } else {
+        sr.resend.push_back(psn);
+    }
+    if let Some(u) = sr.units.get_mut(psn) {
+        u.queued = true;
+    }
 }
 
 /// A go-back-N rewind resends everything not reported received: the resend queue is void.
@@ -399,6 +438,7 @@ pub(crate) fn rebase_seq(sr: &mut SrState) {
     let base = sr.units.min_seq().unwrap_or(sr.delivered).min(sr.delivered);
     sr.seq -= base.min(sr.seq);
     sr.delivered -= base;
+    sr.probe_seq = sr.probe_seq.map(|s| s.saturating_sub(base));
     sr.units.rebase(base, sr.delivered);
 }
 
@@ -719,6 +759,19 @@ mod tests {
         rc2.sr.delivered = 9;
         queue_holes(&mut rc2, false);
         assert_eq!(resend(&rc2), [14]);
+        // The probe's answer: a transmission sent after the latest probe fired (sequence
+        // number `probe_seq` or later) is delivered, so every hole sent before it is lost.
+        for (probe_seq, want, left) in [
+            (12, &[10, 13, 14][..], None),
+            (11, &[10, 14][..], None),
+            (13, &[10, 14][..], Some(13)),
+        ] {
+            let mut rc = holes_fixture();
+            rc.sr.probe_seq = Some(probe_seq);
+            queue_holes(&mut rc, false);
+            assert_eq!(resend(&rc), want, "probe_seq {probe_seq}");
+            assert_eq!(rc.sr.probe_seq, left, "cleared once answered");
+        }
         // Nothing reported received: no hole can be told.
         let mut rc = requester(10, 12, &[(10, unit(1, false, false))]);
         rc.sr.delivered = 100;
@@ -744,34 +797,58 @@ mod tests {
     }
 
     #[test]
-    fn probe_resends_the_oldest_unacknowledged_psn_first_then_every_hole_and_backs_off() {
+    fn probe_resends_the_oldest_or_if_nothing_is_reported_the_newest_then_every_hole() {
         let mut rc = holes_fixture();
         rc.sr.probe_at = Some(at(5));
         assert!(probe(&mut rc, at(5)));
-        assert_eq!(resend(&rc), [10, 13, 14]);
+        // The oldest, the holes before the highest reported (15), and the newest past it.
+        assert_eq!(resend(&rc), [10, 13, 14, 16]);
         assert_eq!((rc.stats.sr_probes, rc.sr.backoff), (1, 1));
         assert_eq!(rc.sr.probe_at, Some(at(205)), "MIN_PROBE doubled once");
-        // Again: the oldest is queued already; nothing new.
+        // Again: all queued already; nothing new.
         assert!(probe(&mut rc, at(300)));
-        assert_eq!(resend(&rc), [10, 13, 14]);
+        assert_eq!(resend(&rc), [10, 13, 14, 16]);
         assert_eq!((rc.stats.sr_probes, rc.sr.backoff), (2, 2));
         assert_eq!(rc.sr.probe_at, Some(at(700)));
         for _ in 0..10 {
             probe(&mut rc, at(1000));
         }
         assert_eq!(rc.sr.backoff, MAX_BACKOFF);
-        // Nothing reported received (a lost selective ACK): the oldest goes again, alone.
+        // Nothing reported received (a lost tail or selective ACK): the newest goes again,
+        // alone, and the first transmission after the probe is the one whose delivery answers it.
+        let mut rc = requester(
+            10,
+            13,
+            &[
+                (10, unit(1, false, false)),
+                (11, unit(2, false, false)),
+                (12, unit(3, false, false)),
+            ],
+        );
+        rc.sr.seq = 3;
+        assert!(probe(&mut rc, at(0)));
+        assert_eq!(resend(&rc), [12]);
+        assert_eq!(rc.sr.probe_seq, Some(4));
+        assert!(
+            rc.sr.units.get(Psn::new(12)).unwrap().queued
+                && !rc.sr.units.get(Psn::new(10)).unwrap().queued
+                && !rc.sr.units.get(Psn::new(11)).unwrap().queued
+        );
+        // Again, with the newest still queued: not twice.
+        assert!(probe(&mut rc, at(300)));
+        assert_eq!(resend(&rc), [12]);
+        // The newest is reported received: only the oldest goes.
         let mut rc = requester(
             10,
             12,
-            &[(10, unit(1, false, false)), (11, unit(2, false, false))],
+            &[(10, unit(1, false, false)), (11, unit(2, true, false))],
         );
         assert!(probe(&mut rc, at(0)));
         assert_eq!(resend(&rc), [10]);
-        assert!(
-            rc.sr.units.get(Psn::new(10)).unwrap().queued
-                && !rc.sr.units.get(Psn::new(11)).unwrap().queued
-        );
+        // No unit at all: the oldest goes.
+        let mut rc = requester(10, 12, &[]);
+        assert!(probe(&mut rc, at(0)));
+        assert_eq!(resend(&rc), [10]);
         // The oldest is in the resend queue without being marked (no unit for it): not twice.
         let mut rc = requester(10, 12, &[(11, unit(1, true, false))]);
         rc.sr.resend.push_back(Psn::new(10));
@@ -827,12 +904,13 @@ mod tests {
         let mut sr = SrState {
             seq: 12,
             delivered: 7,
+            probe_seq: Some(11),
             ..SrState::default()
         };
         sr.units.insert(Psn::new(1), unit(5, false, false));
         sr.units.insert(Psn::new(2), unit(9, true, false));
         rebase_seq(&mut sr);
-        assert_eq!((sr.seq, sr.delivered), (7, 2));
+        assert_eq!((sr.seq, sr.delivered, sr.probe_seq), (7, 2, Some(6)));
         assert_eq!(
             sr.units.iter().map(|(_, u)| u.seq).collect::<Vec<_>>(),
             [0, 4]

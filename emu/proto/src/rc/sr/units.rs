@@ -48,6 +48,11 @@ impl Units {
         self.high
     }
 
+    /// The newest unit (the highest PSN sent and not acknowledged).
+    pub(crate) fn newest(&self) -> Option<Psn> {
+        self.list.back().map(|&(p, _)| p)
+    }
+
     /// Where unit `psn` is in `list` (`Err`: where it would go).
     fn position(&self, psn: Psn) -> Result<usize, usize> {
         let Some(&(front, _)) = self.list.front() else {

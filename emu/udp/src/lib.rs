@@ -123,6 +123,7 @@ pub mod oob;
 mod provider;
 mod runtime;
 mod socket;
+mod timer;
 
 pub use fault::UNKNOWN_NODE;
 pub use provider::{

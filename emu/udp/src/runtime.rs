@@ -56,7 +56,8 @@
 //!    pulled until it drains; a GSO send the kernel refuses with `EIO`/`EINVAL` turns GSO off
 //!    for the socket and its datagrams go out one by one);
 //! 5. (the thread only) wait in [`Poll::poll`] until a datagram, the doorbell, writability or
-//!    the next deadline (engine timer or delayed datagram of either direction) — or not at all
+//!    the next deadline (engine timer or delayed datagram of either direction; a `timerfd` in
+//!    the poller ends the wait at it to the microsecond, see [`crate::timer`]) — or not at all
 //!    if a batch limit left work behind, or in busy-poll mode; or, while application threads
 //!    poll, sleep up to [`POLL_HANDOFF`], woken by a datagram only to cover it (see above).
 //!
@@ -94,6 +95,7 @@ use verbs_api::{Error, ErrorKind, Result};
 use crate::capture::{Capture, wall_clock};
 use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool};
 use crate::socket::{Bound, SocketInfo};
+use crate::timer::Timer;
 
 /// Datagrams received per pass at most (the bound on work per wake-up). Each receive call
 /// asks for at most as many buffers as datagrams are still missing, so without UDP GRO the
@@ -134,6 +136,8 @@ const GSO_MAX_SEGMENTS: usize = 64;
 
 const SOCKET: Token = Token(0);
 const DOORBELL: Token = Token(1);
+/// The progress thread's deadline timer ([`Timer`]).
+const TIMER: Token = Token(2);
 
 /// Counters of the driver itself (the transport's are [`emu_proto::Stats`]).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -156,7 +160,8 @@ pub struct DriverStats {
     /// Send calls that failed otherwise (the packets were lost; the transport retries). A GSO
     /// send the kernel refused is counted in [`gso_refused`](Self::gso_refused) instead.
     pub send_errors: u64,
-    /// Receive or `poll` calls that failed other than `WouldBlock`/`EINTR`.
+    /// Receive or `poll` calls that failed other than `WouldBlock`/`EINTR`, and failed
+    /// armings of the progress thread's deadline timer.
     pub recv_errors: u64,
     /// Datagrams this device wrote to a pcap capture (see [`crate::UdpBuilder::capture`]).
     pub captured: u64,
@@ -629,11 +634,15 @@ impl Runtime {
             posting: AtomicBool::new(false),
             socket_out: AtomicBool::new(false),
         });
+        // Without a timerfd (never on a Linux this runs on) the poll timeout alone bounds
+        // the waits, in whole milliseconds.
+        let timer = Timer::new(core.epoch, poll.registry(), TIMER).ok();
         let progress = Progress {
             core: core.clone(),
             peek,
             poll,
             events: Events::with_capacity(8),
+            timer,
         };
         let thread = std::thread::Builder::new()
             .name(format!("softverbs-{name}"))
@@ -782,6 +791,9 @@ struct Progress {
     peek: std::net::UdpSocket,
     poll: Poll,
     events: Events,
+    /// Ends a wait at the next deadline to the microsecond (the poll timeout counts whole
+    /// milliseconds); `None` if it could not be created.
+    timer: Option<Timer>,
 }
 
 impl Progress {
@@ -827,7 +839,7 @@ impl Progress {
                 std::hint::spin_loop();
                 continue;
             }
-            let timeout = {
+            let (timeout, deadline) = {
                 let mut guard = core.io();
                 let Some(io) = guard.as_mut() else {
                     break;
@@ -837,7 +849,7 @@ impl Progress {
                 let pass = io.pass(&core, release, !skip_rx, false);
                 skip_rx = false;
                 if pass.more {
-                    Some(Duration::ZERO)
+                    (Some(Duration::ZERO), None)
                 } else {
                     let now = clock(core.epoch);
                     let active = pass.moved || std::mem::take(&mut io.active);
@@ -849,13 +861,24 @@ impl Progress {
                         // A command left packets while we held the socket side: pull them.
                         core.parked.store(false, Ordering::SeqCst);
                         skip_rx = true;
-                        Some(Duration::ZERO)
+                        (Some(Duration::ZERO), None)
                     } else {
-                        until.map(|at| at.saturating_duration_since(now))
+                        (
+                            until.map(|at| at.saturating_duration_since(now)),
+                            pass.deadline,
+                        )
                     }
                 }
             };
             if timeout != Some(Duration::ZERO) {
+                // The timer wakes the thread at the deadline (engine timer or delayed
+                // datagram); the timeout, rounded up to whole milliseconds, is the backstop
+                // and the only bound of the active tick, which needs no precision.
+                if let Some(timer) = self.timer.as_mut() {
+                    if timer.arm(deadline).is_err() {
+                        bump(&core.stats.recv_errors, 1);
+                    }
+                }
                 self.wait(timeout);
             }
         }
@@ -923,7 +946,13 @@ impl Progress {
     /// Waits in the poller until an event or `timeout`.
     fn wait(&mut self, timeout: Option<Duration>) {
         match self.poll.poll(&mut self.events, timeout) {
-            Ok(()) => {}
+            Ok(()) => {
+                if let Some(timer) = self.timer.as_mut() {
+                    if self.events.iter().any(|e| e.token() == timer.token()) {
+                        timer.expired();
+                    }
+                }
+            }
             Err(e) if e.kind() == IoKind::Interrupted => {}
             Err(_) => {
                 bump(&self.core.stats.recv_errors, 1);

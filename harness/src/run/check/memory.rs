@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{GoodRecv, Input, Invariant, SUCCESS, SendWc, compare, good_receives, sends};
-use crate::run::layout::{self, RecordKind};
+use crate::run::layout::{self, RecordKind, Workload};
 use crate::run::log::{Entry, LogRead, OpKind};
 
 /// A successful send-queue completion on a link both ends have: node `i` → node `j`.
@@ -237,19 +237,28 @@ struct Extra {
 }
 
 impl FaaTally {
-    /// Counts node `i`'s failed FETCH_ADDs per target, and one window of unlogged ones per
-    /// target if `i` did not drain (successes are added by the caller, once their landing
-    /// slot is checked).
+    /// Counts node `i`'s failed FETCH_ADDs per target, and, if `i` did not drain, one window
+    /// of unlogged ones for every peer its workload may send FETCH_ADDs to — whether or not a
+    /// FETCH_ADD to that peer was logged before it was killed (successes are added by the
+    /// caller, once their landing slot is checked).
     fn count_issuer(&mut self, input: &Input<'_>, i: u32, log: &LogRead) {
-        let drained = log.entries.iter().any(|e| matches!(e, Entry::End { .. }));
-        for s in sends(log).filter(|s| s.op == OpKind::Faa && s.peer < input.ev.nodes) {
+        let (nodes, workload) = (input.ev.nodes, input.ev.workload);
+        for s in sends(log).filter(|s| s.op == OpKind::Faa && s.peer < nodes) {
             let extra = self.extra.entry(s.peer).or_default().entry(i).or_default();
             if s.status != SUCCESS {
                 extra.failed += 1;
             }
-            if !drained {
-                extra.unlogged = layout::window(input.ev.workload) as u64;
-            }
+        }
+        let drained = log.entries.iter().any(|e| matches!(e, Entry::End { .. }));
+        if drained || !matches!(workload, Workload::AtomicCounter | Workload::Mixed) {
+            return;
+        }
+        for j in layout::peers(nodes, workload, i)
+            .into_iter()
+            .filter(|&j| j < nodes)
+        {
+            let extra = self.extra.entry(j).or_default().entry(i).or_default();
+            extra.unlogged = layout::window(workload) as u64;
         }
     }
 
@@ -382,7 +391,6 @@ mod tests {
     use super::super::fixture::{Fixture, SEED};
     use super::super::{RETRY_EXC, SUCCESS};
     use super::*;
-    use crate::run::layout::Workload;
 
     #[test]
     fn every_data_invariant_holds_on_a_correct_run() {
@@ -571,12 +579,48 @@ mod tests {
         );
     }
 
+    /// A killed issuer may have posted a window of FETCH_ADDs to a peer before any of them
+    /// completed: its log then names no FETCH_ADD to that peer, and the bound still counts
+    /// them. An issuer that drained gets no such allowance.
+    #[test]
+    fn atomic_exactly_once_allows_a_window_to_every_peer_of_a_killed_issuer() {
+        let mut fx = Fixture::new(3, Workload::Mixed);
+        fx.faa(1, 0);
+        fx.end(0);
+        fx.end(1);
+        // Node 2 was killed with FETCH_ADDs to node 0 posted but none completed or logged.
+        fx.put(0, layout::COUNTER_OFF, &4u64.to_ne_bytes());
+        let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
+        assert!(inv.passed(), "{inv:?}");
+        assert!(
+            inv.notes.contains(
+                &"node 0 counter 4: 1 successful, 0 failed FETCH_ADDs + 16 posted but not \
+                  logged by issuers [2] that did not drain"
+                    .to_owned()
+            ),
+            "{:?}",
+            inv.notes
+        );
+        fx.put(0, layout::COUNTER_OFF, &18u64.to_ne_bytes());
+        let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
+        assert!(!inv.passed(), "a window is the most: {inv:?}");
+        fx.end(2);
+        fx.put(0, layout::COUNTER_OFF, &2u64.to_ne_bytes());
+        let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
+        assert_eq!(
+            inv.violations,
+            ["node 0 counter is 2, but exactly 1 FETCH_ADDs were posted and all succeeded"]
+        );
+    }
+
     #[test]
     fn atomic_exactly_once_accepts_failures_within_bounds_and_undrained_issuers() {
         let mut fx = Fixture::new(3, Workload::AtomicCounter);
         fx.faa(1, 0);
         fx.fail(1, 0, OpKind::Faa, RETRY_EXC);
+        fx.end(0);
         fx.end(1);
+        fx.end(2);
         // The failed FETCH_ADD may or may not have executed.
         fx.put(0, layout::COUNTER_OFF, &2u64.to_ne_bytes());
         let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
@@ -587,16 +631,17 @@ mod tests {
         );
         // Node 2 did not drain: up to one window (4) of its FETCH_ADDs may have executed
         // without a log line, and no more.
+        fx.log(2)
+            .entries
+            .retain(|e| !matches!(e, Entry::End { .. }));
         fx.faa(2, 0);
         fx.put(0, layout::COUNTER_OFF, &7u64.to_ne_bytes());
         let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
         assert!(inv.passed(), "{inv:?}");
         assert_eq!(
-            inv.notes,
-            [
-                "node 0 counter 7: 2 successful, 1 failed FETCH_ADDs + 4 posted but not logged \
-                 by issuers [2] that did not drain"
-            ]
+            inv.notes[0],
+            "node 0 counter 7: 2 successful, 1 failed FETCH_ADDs + 4 posted but not logged by \
+             issuers [2] that did not drain"
         );
         fx.put(0, layout::COUNTER_OFF, &8u64.to_ne_bytes());
         let inv = atomic_exactly_once(&fx.input(), &mut BTreeMap::new());
@@ -618,6 +663,7 @@ mod tests {
             fx.faa(2, 0);
         }
         fx.faa(3, 0);
+        fx.end(0);
         fx.end(1);
         fx.end(2);
         fx.fact(3).killed_at = Some(fx.now);

@@ -68,11 +68,19 @@ fn assert_delivered(p: &mut Pair) {
 }
 
 /// Drops the first `n` request packets with PSN `psn`.
-fn drop_psn(p: &mut Pair, psn: u32, mut n: u32) {
+fn drop_psn(p: &mut Pair, psn: u32, n: u32) {
+    drop_psn_and_sacks(p, psn, n, 0);
+}
+
+/// Drops the first `n` request packets with PSN `psn` and the first `sacks` selective ACKs.
+fn drop_psn_and_sacks(p: &mut Pair, psn: u32, mut n: u32, mut sacks: u32) {
     p.set_filter(move |pkt| {
         let s = pkt.seen();
         if s.dir == Dir::AtoB && s.psn == psn && n > 0 {
             n -= 1;
+            Action::Drop
+        } else if s.is_sack() && sacks > 0 {
+            sacks -= 1;
             Action::Drop
         } else {
             Action::Deliver
@@ -129,20 +137,7 @@ fn lost_data_is_resent_alone_without_waiting() {
 #[test]
 fn lost_sack_is_recovered_by_the_probe() {
     let mut p = sr_pair();
-    let mut dropped_data = false;
-    let mut dropped_sack = false;
-    p.set_filter(move |pkt| {
-        let s = pkt.seen();
-        if s.dir == Dir::AtoB && s.psn == P + 1 && !dropped_data {
-            dropped_data = true;
-            Action::Drop
-        } else if s.is_sack() && !dropped_sack {
-            dropped_sack = true;
-            Action::Drop
-        } else {
-            Action::Deliver
-        }
-    });
+    drop_psn_and_sacks(&mut p, P + 1, 1, 1);
     post_send(&mut p);
     assert!(p.run_until_idle());
     let out = p.seen(Dir::AtoB);
@@ -614,20 +609,7 @@ fn the_answer_to_a_probe_shows_every_hole_sent_before_it() {
     // shows P+28 missing; P+28 is fewer than 8 transmissions older than the probe's, but it was
     // sent before the probe, so it is resent at once (not by a second probe).
     let mut p = sr_pair();
-    let mut dropped_data = false;
-    let mut sacks_to_drop = 1;
-    p.set_filter(move |pkt| {
-        let s = pkt.seen();
-        if s.dir == Dir::AtoB && s.psn == P + 28 && !dropped_data {
-            dropped_data = true;
-            Action::Drop
-        } else if s.is_sack() && sacks_to_drop > 0 {
-            sacks_to_drop -= 1;
-            Action::Drop
-        } else {
-            Action::Deliver
-        }
-    });
+    drop_psn_and_sacks(&mut p, P + 28, 1, 1);
     post_send(&mut p);
     assert!(p.run_until_idle());
     let out = p.seen(Dir::AtoB);

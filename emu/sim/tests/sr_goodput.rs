@@ -59,8 +59,22 @@ fn stream(recovery: Recovery, loss: f64) -> Run {
     };
     let p = sim.connect_pair(opts).unwrap();
     let start = p.sim.now();
-    // One post for the whole stream: in virtual time every verbs call lets the fabric settle,
-    // so WRs posted one by one would each wait a round trip.
+    post_stream(&p);
+    let a = p.qp_a.stats().unwrap();
+    Run {
+        elapsed: p.sim.now() - start,
+        retx: a.retransmits(),
+        sent: a.sent_pkts,
+        dropped: p.sim.fault_counters().total().dropped,
+        probes: a.sr_probes,
+        timeouts: a.timeout_retries,
+    }
+}
+
+/// Posts [`WRS`] 64 KiB WRITEs from a to b in one call and waits for their completions, in
+/// order and successful. One post for the whole stream: in virtual time every verbs call lets
+/// the fabric settle, so WRs posted one by one would each wait a round trip.
+fn post_stream(p: &SimPair) {
     let sge = [p.mr_a.sge(0, LEN).unwrap()];
     let op = SendOp::RdmaWrite {
         remote_addr: p.mr_b.addr() + LEN as u64,
@@ -71,15 +85,6 @@ fn stream(recovery: Recovery, loss: f64) -> Run {
     for i in 0..WRS {
         let wc = p.cq_a.next_completion().unwrap();
         assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
-    }
-    let a = p.qp_a.stats().unwrap();
-    Run {
-        elapsed: p.sim.now() - start,
-        retx: a.retransmits(),
-        sent: a.sent_pkts,
-        dropped: p.sim.fault_counters().total().dropped,
-        probes: a.sr_probes,
-        timeouts: a.timeout_retries,
     }
 }
 
@@ -139,17 +144,7 @@ fn episode_with(p: &SimPair, k: u32, loss: f64, tail: bool) -> Episode {
     p.sim.set_faults(plan).unwrap();
     let before = p.qp_a.stats().unwrap();
     let start = p.sim.now();
-    let sge = [p.mr_a.sge(0, LEN).unwrap()];
-    let op = SendOp::RdmaWrite {
-        remote_addr: p.mr_b.addr() + LEN as u64,
-        rkey: p.mr_b.rkey(),
-    };
-    let wrs: Vec<SendWr<'_>> = (0..WRS).map(|i| SendWr::new(i, op, &sge)).collect();
-    p.qp_a.post_send(&wrs).unwrap();
-    for i in 0..WRS {
-        let wc = p.cq_a.next_completion().unwrap();
-        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
-    }
+    post_stream(p);
     let elapsed = p.sim.now() - start;
     let a = p.qp_a.stats().unwrap();
     p.sim

@@ -328,9 +328,11 @@ pub(crate) fn queue_holes(rc: &mut RcState, all: bool) {
         if answered.is_some() {
             sr.probe_seq = None;
         }
+        // A probe sequence number rebased to 0 (`rebase_seq`) precedes every transmission
+        // still compared: nothing was sent before it.
         let limit = delivered
             .checked_sub(REORDER_THRESHOLD)
-            .max(answered.map(|s| s - 1));
+            .max(answered.and_then(|s| s.checked_sub(1)));
         match limit {
             Some(limit) => sr.units.old_holes(comp, limit),
             None => return,
@@ -765,6 +767,7 @@ mod tests {
             (12, &[10, 13, 14][..], None),
             (11, &[10, 14][..], None),
             (13, &[10, 14][..], Some(13)),
+            (0, &[10, 14][..], None),
         ] {
             let mut rc = holes_fixture();
             rc.sr.probe_seq = Some(probe_seq);

@@ -458,9 +458,8 @@ pub(crate) fn apply_attrs(dst: &mut QpAttr, attr: &QpAttr, mask: QpAttrMask) {
     );
 }
 
-/// Checks one send WR against the QP's capacities and §5.2's rules; builds its WQE.
-/// Checks one send WR against the QP's capabilities and the device limits; on success returns
-/// its message length, for [`send_wqe`].
+/// Checks one send WR against the QP's capacities, the device limits and §5.2's rules; on
+/// success returns its message length, for [`send_wqe`].
 pub(crate) fn check_send_wr(qp: &Qp, wr: &SendWr<'_>, limits: &Limits) -> Result<u64> {
     let inline = wr.flags.contains(SendFlags::INLINE);
     if inline {

@@ -253,10 +253,7 @@ impl FaaTally {
         if drained || !matches!(workload, Workload::AtomicCounter | Workload::Mixed) {
             return;
         }
-        for j in layout::peers(nodes, workload, i)
-            .into_iter()
-            .filter(|&j| j < nodes)
-        {
+        for j in layout::peers(nodes, workload, i) {
             let extra = self.extra.entry(j).or_default().entry(i).or_default();
             extra.unlogged = layout::window(workload) as u64;
         }

@@ -39,10 +39,32 @@ struct Run {
 
 /// Streams [`WRS`] WRITEs with `recovery` on both QPs at random loss `loss`.
 fn stream(recovery: Recovery, loss: f64) -> Run {
-    let mut plan = FaultPlan::new(19).rule(rate_limit(1_000_000_000));
+    let mut plan = link();
     if loss > 0.0 {
         plan = plan.rule(drop(loss));
     }
+    let p = pair(recovery, plan, PairOptions::default().psn_a);
+    let start = p.sim.now();
+    post_stream(&p);
+    let a = p.qp_a.stats().unwrap();
+    Run {
+        elapsed: p.sim.now() - start,
+        retx: a.retransmits(),
+        sent: a.sent_pkts,
+        dropped: p.sim.fault_counters().total().dropped,
+        probes: a.sr_probes,
+        timeouts: a.timeout_retries,
+    }
+}
+
+/// The link of every pair here: 1 GB/s (the one-way latency is the provider's).
+fn link() -> FaultPlan {
+    FaultPlan::new(19).rule(rate_limit(1_000_000_000))
+}
+
+/// A pair with `recovery` on both QPs, 4 KiB MTU, on a fabric of its own (50 µs one way) with
+/// fault plan `plan`; side a sends from PSN `psn_a`.
+fn pair(recovery: Recovery, plan: FaultPlan, psn_a: u32) -> SimPair {
     let sim = SimProvider::builder()
         .latency(Duration::from_micros(50))
         .faults(plan)
@@ -55,20 +77,10 @@ fn stream(recovery: Recovery, loss: f64) -> Run {
             ..RcConnectOptions::default()
         },
         mr_len: 2 * LEN,
+        psn_a,
         ..PairOptions::default()
     };
-    let p = sim.connect_pair(opts).unwrap();
-    let start = p.sim.now();
-    post_stream(&p);
-    let a = p.qp_a.stats().unwrap();
-    Run {
-        elapsed: p.sim.now() - start,
-        retx: a.retransmits(),
-        sent: a.sent_pkts,
-        dropped: p.sim.fault_counters().total().dropped,
-        probes: a.sr_probes,
-        timeouts: a.timeout_retries,
-    }
+    sim.connect_pair(opts).unwrap()
 }
 
 /// Posts [`WRS`] 64 KiB WRITEs from a to b in one call and waits for their completions, in
@@ -133,7 +145,7 @@ fn episode(p: &SimPair, k: u32, loss: f64) -> Episode {
 
 /// [`episode`], losing the first transmission of the stream's last packet if `tail`.
 fn episode_with(p: &SimPair, k: u32, loss: f64, tail: bool) -> Episode {
-    let mut plan = FaultPlan::new(19).rule(rate_limit(1_000_000_000));
+    let mut plan = link();
     if tail {
         let last = Psn::new(FIRST_PSN).wrapping_add((k + 1) * STREAM_PSNS - 1);
         plan = plan.rule(drop_nth(1).psn_range(last, last));
@@ -147,9 +159,7 @@ fn episode_with(p: &SimPair, k: u32, loss: f64, tail: bool) -> Episode {
     post_stream(p);
     let elapsed = p.sim.now() - start;
     let a = p.qp_a.stats().unwrap();
-    p.sim
-        .set_faults(FaultPlan::new(19).rule(rate_limit(1_000_000_000)))
-        .unwrap();
+    p.sim.set_faults(link()).unwrap();
     p.sim.advance(Duration::from_millis(5));
     Episode {
         elapsed,
@@ -161,31 +171,16 @@ fn episode_with(p: &SimPair, k: u32, loss: f64, tail: bool) -> Episode {
 
 /// A pair with selective repeat on a fabric of its own (1 GB/s, 50 µs one way).
 fn long_lived_pair() -> SimPair {
-    let sim = SimProvider::builder()
-        .latency(Duration::from_micros(50))
-        .faults(FaultPlan::new(19).rule(rate_limit(1_000_000_000)))
-        .build()
-        .unwrap();
-    let opts = PairOptions {
-        rc: RcConnectOptions {
-            recovery: Recovery::SelectiveRepeat,
-            path_mtu: Mtu::Mtu4096,
-            ..RcConnectOptions::default()
-        },
-        mr_len: 2 * LEN,
-        psn_a: FIRST_PSN,
-        ..PairOptions::default()
-    };
-    sim.connect_pair(opts).unwrap()
+    pair(Recovery::SelectiveRepeat, link(), FIRST_PSN)
 }
 
 /// Issue 19 (`perf --sweep-loss` reuses one QP pair for every run, in rising loss): a QP that
 /// has been through loss episodes recovers the next one exactly as a QP that has only warmed
-/// up (one lossless episode, so that both start with an RTT estimate): the same
-/// packets, retransmissions and probes, and the virtual time within 1 % (the RTT estimate is
-/// a moving average, so the one carried in differs a little: 0.4 % here). The long-lived pair runs the sweep's order (lossless,
-/// 0.1 %, 0.5 %, then 1 %), a 5 % episode, and 1 % again, across the PSN wrap; every 1 %
-/// episode must match the reference. Each lossy episode needs a probe for its tail, so RTT
+/// up (one lossless episode, so that both start with an RTT estimate): the same packets,
+/// retransmissions and probes, and the virtual time within 1 % (the RTT estimate is a moving
+/// average, so the one carried in differs a little: 0.4 % here). The long-lived pair runs the
+/// sweep's order (lossless, 0.1 %, 0.5 %, then 1 %), a 5 % episode, and 1 % again, across the
+/// PSN wrap; every 1 % episode must match the reference. Each lossy episode needs a probe for its tail, so RTT
 /// estimate and probe back-off carried from earlier episodes would show.
 #[test]
 fn a_later_loss_episode_on_one_qp_costs_what_the_first_did() {
@@ -217,8 +212,8 @@ fn a_later_loss_episode_on_one_qp_costs_what_the_first_did() {
 }
 
 /// Issue 19: losing only the stream's last packet costs one probe and one resend (the probe
-/// resends the newest unit, not the oldest unacknowledged one, which had arrived), and the
-/// virtual time of the lossless episode plus the probe interval and a round trip.
+/// resends the newest unit, not the oldest unacknowledged one, which had arrived); the extra
+/// virtual time it costs is printed.
 #[test]
 fn a_lost_tail_costs_one_probe_and_one_resend() {
     let p = long_lived_pair();

@@ -381,6 +381,31 @@ fn sweep_loss_writes_svg() {
     let _ = std::fs::remove_file(&svg);
 }
 
+/// `--recovery` with `--sweep-loss` sweeps that mode alone: every loss rate, no IBTA row.
+#[test]
+fn sweep_loss_with_recovery_sweeps_that_mode_only() {
+    let out = perf(&[
+        "--sweep-loss",
+        "--recovery",
+        "sr",
+        "--backend",
+        "inproc",
+        "-s",
+        "1024",
+        "-n",
+        "20",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let rows = |mode: &str| {
+        out.stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!(" {mode} ")))
+            .count()
+    };
+    assert_eq!(rows("sr"), 7, "{}", out.dump());
+    assert_eq!(rows("ibta"), 0, "{}", out.dump());
+}
+
 /// Five rounds per point (the README's loss table): the client's configuration, every run
 /// of the sweep, still fits the one out-of-band line it travels in.
 #[test]

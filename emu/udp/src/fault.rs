@@ -127,21 +127,54 @@ pub(crate) struct FaultConfig {
     /// Judges the datagrams the device receives from its socket.
     pub(crate) rx_injector: Option<Injector>,
     /// Node numbers of known addresses, including the device's own. Port 0 names every port
-    /// of its IP address.
-    pub(crate) nodes: HashMap<SocketAddr, NodeId>,
+    /// of its IP address. Changed only through [`FaultConfig::set_node`].
+    nodes: HashMap<SocketAddr, NodeId>,
+    /// The latest address [`FaultConfig::node_of`] looked up and its answer: a device mostly
+    /// talks to one peer, and this spares the one or two hashes of a look-up per datagram.
+    last: Option<(SocketAddr, NodeId)>,
     /// The device's own node number.
     pub(crate) local: NodeId,
 }
 
 impl FaultConfig {
+    /// A configuration with these plans, node numbers and own node number.
+    pub(crate) fn new(
+        injector: Option<Injector>,
+        rx_injector: Option<Injector>,
+        nodes: HashMap<SocketAddr, NodeId>,
+        local: NodeId,
+    ) -> FaultConfig {
+        FaultConfig {
+            injector,
+            rx_injector,
+            nodes,
+            last: None,
+            local,
+        }
+    }
+
+    /// Names `addr`'s node number (port 0: every port of its IP); a later call for the same
+    /// address wins.
+    pub(crate) fn set_node(&mut self, addr: SocketAddr, node: NodeId) {
+        self.nodes.insert(addr, node);
+        // A new entry can change the answer for any cached address (port 0 covers many).
+        self.last = None;
+    }
+
     /// The node number of `addr`: its own entry, else the entry of its IP with port 0, else
     /// [`UNKNOWN_NODE`].
-    pub(crate) fn node_of(&self, addr: SocketAddr) -> NodeId {
-        self.nodes
+    pub(crate) fn node_of(&mut self, addr: SocketAddr) -> NodeId {
+        if let Some((_, node)) = self.last.filter(|(a, _)| *a == addr) {
+            return node;
+        }
+        let node = self
+            .nodes
             .get(&addr)
             .or_else(|| self.nodes.get(&SocketAddr::new(addr.ip(), 0)))
             .copied()
-            .unwrap_or(UNKNOWN_NODE)
+            .unwrap_or(UNKNOWN_NODE);
+        self.last = Some((addr, node));
+        node
     }
 
     /// Whether an injector is installed for `dir`.
@@ -245,6 +278,12 @@ impl FaultStage {
         out: &mut VecDeque<Datagram>,
         pool: &mut Pool,
     ) {
+        // The common case (a datagram passes and nothing in the stage is due yet): what the
+        // stage would do, scheduling it for now and popping it alone, without its heap.
+        if verdict.passes() && self.stage.next_due().is_none_or(|t| t > now) {
+            out.push_back(packet);
+            return;
+        }
         self.stage.carry_out(verdict, now, packet, pool);
         self.pop_due(now, out);
     }
@@ -313,12 +352,12 @@ mod tests {
     }
 
     fn config(plan: FaultPlan) -> FaultConfig {
-        FaultConfig {
-            injector: Some(Injector::new(plan.clone()).unwrap()),
-            rx_injector: Some(Injector::new(plan).unwrap()),
-            nodes: [(dst(), NodeId(1))].into_iter().collect(),
-            local: NodeId(0),
-        }
+        FaultConfig::new(
+            Some(Injector::new(plan.clone()).unwrap()),
+            Some(Injector::new(plan).unwrap()),
+            [(dst(), NodeId(1))].into_iter().collect(),
+            NodeId(0),
+        )
     }
 
     #[test]
@@ -336,12 +375,7 @@ mod tests {
 
     #[test]
     fn no_plan_passes_everything() {
-        let mut cfg = FaultConfig {
-            injector: None,
-            rx_injector: None,
-            nodes: HashMap::new(),
-            local: NodeId(0),
-        };
+        let mut cfg = FaultConfig::new(None, None, HashMap::new(), NodeId(0));
         let (mut stage, mut out, mut pool) =
             (FaultStage::default(), VecDeque::new(), Pool::default());
         for dir in [Direction::Tx, Direction::Rx] {
@@ -413,10 +447,42 @@ mod tests {
         stage.apply(&mut cfg, Direction::Tx, NOW, stranger, &mut out, &mut pool);
         assert_eq!(out.len(), 1);
 
-        cfg.nodes.insert("127.0.0.9:0".parse().unwrap(), NodeId(9));
+        // The stranger's answer is cached; naming its IP's node must replace it.
+        cfg.set_node("127.0.0.9:0".parse().unwrap(), NodeId(9));
+        assert_eq!(cfg.node_of("127.0.0.9:4791".parse().unwrap()), NodeId(9));
         assert_eq!(cfg.node_of("127.0.0.9:49152".parse().unwrap()), NodeId(9));
+        cfg.set_node("127.0.0.9:49152".parse().unwrap(), NodeId(10));
+        assert_eq!(cfg.node_of("127.0.0.9:49152".parse().unwrap()), NodeId(10));
         assert_eq!(cfg.node_of(dst()), NodeId(1));
+        assert_eq!(cfg.node_of(dst()), NodeId(1), "cached");
         assert_eq!(cfg.node_of("127.0.0.8:4791".parse().unwrap()), UNKNOWN_NODE);
+    }
+
+    /// A passing datagram skips the stage only while nothing in it is due: a delayed one due
+    /// by then still leaves first, and one due later leaves after.
+    #[test]
+    fn a_passing_datagram_leaves_after_a_delayed_one_already_due() {
+        let ten = Duration::from_micros(10);
+        let plan = FaultPlan::new(1).rule(delay(ten..=ten).nth(1));
+        let mut cfg = config(plan);
+        let (mut stage, mut out, mut pool) =
+            (FaultStage::default(), VecDeque::new(), Pool::default());
+        let tagged = |tag: u8| {
+            let mut p = packet();
+            let last = p.len - 1;
+            p.bytes_mut()[last] = tag;
+            p
+        };
+        let (first, second, third) = (tagged(1), tagged(2), tagged(3));
+        stage.apply(&mut cfg, Direction::Tx, NOW, first, &mut out, &mut pool);
+        assert!(out.is_empty(), "the first is delayed");
+        let later = NOW + Duration::from_micros(20);
+        stage.apply(&mut cfg, Direction::Tx, later, second, &mut out, &mut pool);
+        let last_bytes =
+            |out: &VecDeque<Datagram>| out.iter().map(|d| d.bytes()[d.len - 1]).collect::<Vec<_>>();
+        assert_eq!(last_bytes(&out), [1, 2], "the due one first");
+        stage.apply(&mut cfg, Direction::Tx, later, third, &mut out, &mut pool);
+        assert_eq!(last_bytes(&out), [1, 2, 3]);
     }
 
     #[test]
@@ -452,12 +518,12 @@ mod tests {
             let (node0, node1): (SocketAddr, SocketAddr) =
                 ("127.0.0.1:4791".parse().unwrap(), dst());
             let plan = || Some(Injector::new(stage_sequence::plan()).unwrap());
-            let cfg = FaultConfig {
-                injector: if dir == Direction::Tx { plan() } else { None },
-                rx_injector: if dir == Direction::Rx { plan() } else { None },
-                nodes: [(node0, SRC), (node1, DST)].into_iter().collect(),
-                local: if dir == Direction::Tx { SRC } else { DST },
-            };
+            let cfg = FaultConfig::new(
+                if dir == Direction::Tx { plan() } else { None },
+                if dir == Direction::Rx { plan() } else { None },
+                [(node0, SRC), (node1, DST)].into_iter().collect(),
+                if dir == Direction::Tx { SRC } else { DST },
+            );
             let (stage, pool, out) = (FaultStage::default(), Pool::default(), VecDeque::new());
             Side {
                 dir,

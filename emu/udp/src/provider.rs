@@ -319,12 +319,12 @@ impl UdpBuilder {
             config.source_port = Some(local.port());
             config.foreign_ipv4_ident = self.foreign_ipv4_ident;
             let (name, guid) = (config.name.clone(), config.node_guid);
-            let faults = FaultConfig {
-                injector: injector.clone(),
-                rx_injector: rx_injector.clone(),
-                nodes: nodes.clone(),
-                local: node_id(i),
-            };
+            let faults = FaultConfig::new(
+                injector.clone(),
+                rx_injector.clone(),
+                nodes.clone(),
+                node_id(i),
+            );
             let runtime = Runtime::start(b, config, faults, capture.clone(), self.busy_poll)?;
             devices.push(UdpDevice(Arc::new(DeviceShared {
                 runtime,
@@ -497,7 +497,7 @@ impl UdpDevice {
     /// [`UdpBuilder::peer_node`] does at build time (port 0 names every port of the IP); a
     /// later call for the same address wins.
     pub fn set_peer_node(&self, addr: SocketAddr, node: NodeId) {
-        self.core().faults().nodes.insert(addr, node);
+        self.core().faults().set_node(addr, node);
     }
 
     /// The verdict counters of the device's send-side injector, if a plan is installed.

@@ -275,7 +275,8 @@ pub struct PerfArgs {
     #[arg(long = "loss", value_name = "P")]
     pub loss: Option<f64>,
     /// Goodput versus loss rate (0, 0.1, 0.5, 1, 2, 5, 10 %) for a bandwidth test (default
-    /// write_bw), in both loss-recovery modes (IBTA and selective repeat).
+    /// write_bw), in both loss-recovery modes (IBTA and selective repeat), or in the one
+    /// `--recovery` names.
     #[arg(long = "sweep-loss")]
     pub sweep_loss: bool,
     /// With --sweep-loss: measure each point this many times and report the median (and the
@@ -285,9 +286,9 @@ pub struct PerfArgs {
     pub rounds: u32,
     /// Loss recovery of the QPs: IBTA go-back-N, or selective repeat (a softverbs extension
     /// both ends enable; they do here, the server takes it from the client's configuration).
-    /// --sweep-loss runs both.
-    #[arg(long = "recovery", value_enum, default_value_t = RecoveryArg::Ibta)]
-    pub recovery: RecoveryArg,
+    /// IBTA when not given; --sweep-loss runs both unless it is given.
+    #[arg(long = "recovery", value_enum)]
+    pub recovery: Option<RecoveryArg>,
     /// With --sweep-loss: write an SVG plot of goodput versus loss here.
     #[arg(long = "svg", value_name = "FILE", requires = "sweep_loss")]
     pub svg: Option<PathBuf>,
@@ -577,7 +578,7 @@ impl Config {
                 spin_yield: a.spin_yield,
                 baseline: a.baseline,
                 seed: a.seed,
-                recovery: a.recovery,
+                recovery: a.recovery.unwrap_or(RecoveryArg::Ibta),
             },
             test,
         ))
@@ -614,10 +615,10 @@ fn run_inner(args: &PerfArgs) -> Result<(), PerfError> {
         return serve_tcp(args);
     }
     let mut out = Output::new(args, &cfg);
-    let modes = if args.sweep_loss {
-        vec![RecoveryArg::Ibta, RecoveryArg::Sr]
-    } else {
-        vec![args.recovery]
+    let modes = match (args.sweep_loss, args.recovery) {
+        (_, Some(mode)) => vec![mode],
+        (true, None) => vec![RecoveryArg::Ibta, RecoveryArg::Sr],
+        (false, None) => vec![cfg.recovery],
     };
     for recovery in modes {
         let cfg = Config {

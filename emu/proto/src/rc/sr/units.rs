@@ -65,6 +65,12 @@ impl Units {
         if self.list.back().is_some_and(|&(b, _)| psn.is_after(b)) {
             return Err(self.list.len());
         }
+        // A stream of one-packet units (SEND and WRITE packets) has one unit per PSN: the
+        // offset is the index, and the search is a single probe.
+        let at = usize::try_from(key).unwrap_or(usize::MAX);
+        if self.list.get(at).is_some_and(|&(p, _)| p == psn) {
+            return Ok(at);
+        }
         self.list.binary_search_by(|(p, _)| p.diff(front).cmp(&key))
     }
 

@@ -180,8 +180,8 @@ fn long_lived_pair() -> SimPair {
 /// retransmissions and probes, and the virtual time within 1 % (the RTT estimate is a moving
 /// average, so the one carried in differs a little: 0.4 % here). The long-lived pair runs the
 /// sweep's order (lossless, 0.1 %, 0.5 %, then 1 %), a 5 % episode, and 1 % again, across the
-/// PSN wrap; every 1 % episode must match the reference. Each lossy episode needs a probe for its tail, so RTT
-/// estimate and probe back-off carried from earlier episodes would show.
+/// PSN wrap; every 1 % episode must match the reference. Each lossy episode needs a probe for
+/// its tail, so RTT estimate and probe back-off carried from earlier episodes would show.
 #[test]
 fn a_later_loss_episode_on_one_qp_costs_what_the_first_did() {
     let fresh = long_lived_pair();

@@ -279,7 +279,8 @@ impl FaultStage {
         pool: &mut Pool,
     ) {
         // The common case (a datagram passes and nothing in the stage is due yet): what the
-        // stage would do, scheduling it for now and popping it alone, without its heap.
+        // stage would do, scheduling it for now (its latency is zero on a socket) and popping
+        // it alone, without its heap.
         if verdict.passes() && self.stage.next_due().is_none_or(|t| t > now) {
             out.push_back(packet);
             return;

@@ -615,10 +615,11 @@ fn run_inner(args: &PerfArgs) -> Result<(), PerfError> {
         return serve_tcp(args);
     }
     let mut out = Output::new(args, &cfg);
-    let modes = match (args.sweep_loss, args.recovery) {
-        (_, Some(mode)) => vec![mode],
-        (true, None) => vec![RecoveryArg::Ibta, RecoveryArg::Sr],
-        (false, None) => vec![cfg.recovery],
+    // A sweep without `--recovery` runs both modes; otherwise the one configured.
+    let modes = if args.sweep_loss && args.recovery.is_none() {
+        vec![RecoveryArg::Ibta, RecoveryArg::Sr]
+    } else {
+        vec![cfg.recovery]
     };
     for recovery in modes {
         let cfg = Config {

@@ -30,7 +30,7 @@
 
 use std::fs::File;
 use std::io::BufWriter;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use emu_capture::{Capture, PcapSink};
@@ -44,12 +44,14 @@ pub(crate) fn node_id(i: usize) -> NodeId {
 }
 
 /// A datagram on its way. `bytes` is a pool buffer of [`MAX_PACKET_LEN`] bytes, of which the
-/// first `len` are the datagram.
+/// first `len` are the datagram. It came from UDP port `src_port` of node `src_node` (whose IP
+/// is the wire's address of that node): kept as a port, not a `SocketAddr`, so that the stage
+/// moves fewer bytes per datagram.
 #[derive(Debug)]
 struct Datagram {
     src_node: usize,
     dst: usize,
-    src: SocketAddr,
+    src_port: u16,
     bytes: Vec<u8>,
     len: usize,
 }
@@ -313,12 +315,13 @@ impl Wire {
         }
     }
 
-    /// Puts one transmitted datagram (the first `len` bytes of `buf`) through the fault stage.
+    /// Puts one transmitted datagram (the first `len` bytes of `buf`, from UDP port `src_port`
+    /// of node `src_node`) through the fault stage.
     fn send(
         &mut self,
         now: Instant,
         src_node: usize,
-        src: SocketAddr,
+        src_port: u16,
         to: SocketAddr,
         buf: Vec<u8>,
         len: usize,
@@ -331,7 +334,7 @@ impl Wire {
         let datagram = Datagram {
             src_node,
             dst,
-            src,
+            src_port,
             bytes: buf,
             len,
         };
@@ -343,6 +346,13 @@ impl Wire {
     /// Feeds `d` to its destination and the observers at `now`.
     fn deliver<N: PumpNode>(&mut self, nodes: &mut [N], now: Instant, d: Datagram) {
         let bytes = &d.bytes[..d.len];
+        // Every sender has an address: `transmit_all` polls only nodes of `dirty`, which has
+        // one entry per address.
+        let src_ip = self.addrs.get(d.src_node).map(SocketAddr::ip);
+        let src = SocketAddr::new(
+            src_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            d.src_port,
+        );
         self.delivered += 1;
         self.trace.word(now.as_nanos());
         self.trace.word(d.src_node as u64);
@@ -358,11 +368,11 @@ impl Wire {
             });
         }
         if let (Some(capture), Some(to)) = (self.capture.as_ref(), self.addrs.get(d.dst)) {
-            capture.writer().write(at, d.src, *to, bytes);
+            capture.writer().write(at, src, *to, bytes);
         }
         if let Some(node) = nodes.get_mut(d.dst) {
             let (hca, mem) = node.parts();
-            hca.handle_datagram(now, d.src, bytes, mem);
+            hca.handle_datagram(now, src, bytes, mem);
             self.mark(d.dst);
         }
         self.pool.give(d.bytes);
@@ -414,18 +424,14 @@ fn transmit_all<N: PumpNode>(wire: &mut Wire, nodes: &mut [N], now: Instant) -> 
             Some(d) if *d || all => *d = false,
             _ => continue,
         }
-        let Some(&addr) = wire.addrs.get(i) else {
-            continue;
-        };
         let (hca, mem) = node.parts();
         // An empty poll leaves the spare buffer where it is; one that fills it sends it and
         // takes the next spare from the pool.
         while let Some(tx) = hca.poll_transmit(now, mem, &mut wire.spare) {
             let buf = std::mem::replace(&mut wire.spare, wire.pool.take());
             sent = true;
-            let src = SocketAddr::new(addr.ip(), tx.src_port);
             let len = tx.len.min(buf.len());
-            wire.send(now, i, src, tx.dst, buf, len);
+            wire.send(now, i, tx.src_port, tx.dst, buf, len);
         }
     }
     sent
@@ -568,7 +574,7 @@ mod tests {
             let mut buf = self.wire.pool.take();
             buf[..bytes.len()].copy_from_slice(bytes);
             let [from, to] = self.addrs;
-            self.wire.send(now, 0, from, to, buf, bytes.len());
+            self.wire.send(now, 0, from.port(), to, buf, bytes.len());
             self.pop(now)
         }
 

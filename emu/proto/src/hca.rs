@@ -1549,16 +1549,35 @@ impl Hca {
     }
 
     /// After the engine ran on `qpn`: enter ERR if it failed, push its completions, update its
-    /// timer, and queue it for transmission if `requeue` (or to send a final NAK).
+    /// timer, and queue it for transmission if `requeue` and its turn would do something (or
+    /// to send a final NAK).
     fn after_step(&mut self, qpn: u32, fatal: bool, requeue: bool) {
         if fatal {
             self.engine_failed(qpn);
         }
         self.flush_engine_wcs();
-        if requeue || fatal {
+        if fatal {
             self.mark_ready(qpn);
+        } else if requeue {
+            self.requeue(qpn);
         }
         self.sync_timer(qpn);
+    }
+
+    /// [`Hca::mark_ready`] unless the QP's turn would be skipped as idle ([`idle`]), as most
+    /// steps leave it (a request sent, an ACK sent or received): a turn `transmit_ready` would
+    /// skip is not queued. No work is left behind, because everything that gives an idle QP
+    /// work queues it (`post_send`, a datagram, a timer, SQD to RTS). A driver that empties the
+    /// queue before its next such call (the in-process fabric, the model checker) sees the
+    /// same transmit order as when the idle turn was queued; one that stops part-way (the UDP
+    /// runtime's batch) may serve such a QP after QPs queued behind its skipped turn.
+    fn requeue(&mut self, qpn: u32) {
+        if let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) {
+            if !qp.rc.queued && (qp.qp_type == QpType::Ud || !idle(qp)) {
+                qp.rc.queued = true;
+                self.ready.push_back(qpn);
+            }
+        }
     }
 
     /// The engine failed QP `qpn`: it enters ERR ([`Hca::enter_err`]). Out of line: rare, and

@@ -418,8 +418,18 @@ impl Counters {
 }
 
 /// The `fault.verdict` event: `debug` for a verdict that changes the datagram's fate or
-/// timing, `trace` for a plain delivery.
+/// timing, `trace` for a plain delivery. With `debug` off (so `trace` too), one level check.
+#[inline]
 fn trace_verdict(now: Instant, meta: &DatagramMeta, verdict: Verdict) {
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        log_verdict(now, meta, verdict);
+    }
+}
+
+/// [`trace_verdict`] once some subscriber may take `debug` events.
+#[cold]
+#[inline(never)]
+fn log_verdict(now: Instant, meta: &DatagramMeta, verdict: Verdict) {
     macro_rules! verdict_event {
         ($level:expr) => {
             tracing::event!(

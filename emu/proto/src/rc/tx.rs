@@ -188,7 +188,10 @@ pub(crate) fn emit_as(
         .ok_or(WireError::Truncated { need: total, have })?;
     Bth::new_unchecked(&mut out[..BTH_LEN]).set_pad_count(pad);
     fill(&mut out[hdr_len..hdr_len + payload_len])?;
-    out[hdr_len + payload_len..total - ICRC_LEN].fill(0);
+    // The pad (0-3 bytes) zeroed as one 4-byte store that runs into the ICRC's place, which
+    // is written next: not a `memset` call of the pad's length.
+    let pad_at = hdr_len + payload_len;
+    out[pad_at..pad_at + ICRC_LEN].fill(0);
     tpl.fill_icrc(out)?;
     Ok(total)
 }

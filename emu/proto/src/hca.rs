@@ -1373,10 +1373,7 @@ impl Hca {
             }
             // Spans only for a QP with work (the driver calls this in its loops): an idle turn,
             // which logs nothing, opens none.
-            let _span = self.qp_span(Some(now), qpn);
-            let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
-                continue;
-            };
+            let _span = qp_span(&self.config, self.own_ip, Some(now), qpn);
             if qp.qp_type == QpType::Ud {
                 let mut ctx = step_ctx!(self, now, mem);
                 let mut fatal = false;
@@ -1519,64 +1516,47 @@ impl Hca {
 
     // ---- internals -------------------------------------------------------------------------
 
-    /// The `device` span (`dev`, `addr`, engine time `now` in ns) every event of a call is in.
-    #[inline(never)]
-    fn span(&self, now: Option<Instant>) -> tracing::Span {
-        tracing::debug_span!(
-            "device",
-            dev = %self.config.name,
-            addr = %SocketAddr::new(self.own_ip, self.config.udp_port),
-            now = now.map(Instant::as_nanos),
-        )
-    }
-
     /// The `device` span entered until the guard drops; `None` (one relaxed load, no span
     /// built or moved) unless some subscriber takes `debug` events.
     #[inline]
     fn entered_span(&self, now: Option<Instant>) -> Option<tracing::span::EnteredSpan> {
-        tracing::level_enabled!(tracing::Level::DEBUG).then(|| self.span(now).entered())
+        entered_span(&self.config, self.own_ip, now)
     }
 
     /// The `device` span with a `qp` span inside, as [`Hca::entered_span`].
     #[inline]
-    fn qp_span(
-        &self,
-        now: Option<Instant>,
-        qpn: u32,
-    ) -> Option<(tracing::span::EnteredSpan, tracing::span::EnteredSpan)> {
-        let dev = self.entered_span(now)?;
-        Some((dev, tracing::debug_span!("qp", qp = qpn).entered()))
+    fn qp_span(&self, now: Option<Instant>, qpn: u32) -> Option<QpSpan> {
+        qp_span(&self.config, self.own_ip, now, qpn)
     }
 
     /// After the engine ran on `qpn`: enter ERR if it failed, push its completions, update its
     /// timer, and queue it for transmission if `requeue` and its turn would do something (or
     /// to send a final NAK).
+    ///
+    /// A step that leaves the QP idle ([`idle`]), as most do (a request sent, an ACK sent or
+    /// received), does not queue it: `transmit_ready` would skip the turn. No work is left
+    /// behind, because everything that gives an idle QP work queues it (`post_send`, a
+    /// datagram, a timer, SQD to RTS). A driver that empties the queue before its next such
+    /// call (the in-process fabric, the model checker) sees the same transmit order as when the
+    /// idle turn was queued; one that stops part-way (the UDP runtime's batch) may serve such a
+    /// QP after QPs queued behind its skipped turn.
     fn after_step(&mut self, qpn: u32, fatal: bool, requeue: bool) {
         if fatal {
             self.engine_failed(qpn);
         }
         self.flush_engine_wcs();
-        if fatal {
-            self.mark_ready(qpn);
-        } else if requeue {
-            self.requeue(qpn);
+        // One look-up for the queue and the timer.
+        let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
+            return;
+        };
+        let turn = fatal || (requeue && (qp.qp_type == QpType::Ud || !idle(qp)));
+        if turn && !qp.rc.queued {
+            qp.rc.queued = true;
+            self.ready.push_back(qpn);
         }
-        self.sync_timer(qpn);
-    }
-
-    /// [`Hca::mark_ready`] unless the QP's turn would be skipped as idle ([`idle`]), as most
-    /// steps leave it (a request sent, an ACK sent or received): a turn `transmit_ready` would
-    /// skip is not queued. No work is left behind, because everything that gives an idle QP
-    /// work queues it (`post_send`, a datagram, a timer, SQD to RTS). A driver that empties the
-    /// queue before its next such call (the in-process fabric, the model checker) sees the
-    /// same transmit order as when the idle turn was queued; one that stops part-way (the UDP
-    /// runtime's batch) may serve such a QP after QPs queued behind its skipped turn.
-    fn requeue(&mut self, qpn: u32) {
-        if let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) {
-            if !qp.rc.queued && (qp.qp_type == QpType::Ud || !idle(qp)) {
-                qp.rc.queued = true;
-                self.ready.push_back(qpn);
-            }
+        let want = qp.rc.deadline();
+        if want != qp.rc.timer_key {
+            self.move_timer(qpn, want);
         }
     }
 
@@ -1919,6 +1899,39 @@ fn idle(qp: &Qp) -> bool {
             .sq
             .front()
             .is_none_or(|w| w.tx.error.is_none() && !(w.tx.started && w.op.is_local()))
+}
+
+/// The `device` span (`dev`, `addr`, engine time `now` in ns) every event of a call is in, of
+/// the device with `config` and IP `own_ip`.
+#[inline(never)]
+fn device_span(config: &HcaConfig, own_ip: IpAddr, now: Option<Instant>) -> tracing::Span {
+    tracing::debug_span!(
+        "device",
+        dev = %config.name,
+        addr = %SocketAddr::new(own_ip, config.udp_port),
+        now = now.map(Instant::as_nanos),
+    )
+}
+
+/// [`Hca::entered_span`] from the fields it reads, so that a caller may hold a QP meanwhile.
+#[inline]
+fn entered_span(
+    config: &HcaConfig,
+    own_ip: IpAddr,
+    now: Option<Instant>,
+) -> Option<tracing::span::EnteredSpan> {
+    tracing::level_enabled!(tracing::Level::DEBUG)
+        .then(|| device_span(config, own_ip, now).entered())
+}
+
+/// The `device` and `qp` spans, entered.
+type QpSpan = (tracing::span::EnteredSpan, tracing::span::EnteredSpan);
+
+/// [`Hca::qp_span`] from the fields it reads, so that a caller may hold a QP meanwhile.
+#[inline]
+fn qp_span(config: &HcaConfig, own_ip: IpAddr, now: Option<Instant>, qpn: u32) -> Option<QpSpan> {
+    let dev = entered_span(config, own_ip, now)?;
+    Some((dev, tracing::debug_span!("qp", qp = qpn).entered()))
 }
 
 /// True if QP `qpn` exists and its deadline is `at`: its timer entry `(at, qpn)` is live.

@@ -97,13 +97,13 @@ impl std::fmt::Debug for PathTemplate {
 
 impl PathTemplate {
     /// Makes the template that of the path from `src` to `dst:dst_port`; the IP context is
-    /// [`ip_context`]'s. Errors: [`TxError::AddressFamily`].
+    /// [`ip_context`]'s ([`PathTemplate::ip`]). Errors: [`TxError::AddressFamily`].
     pub(crate) fn prepare(
         &mut self,
         src: SocketAddr,
         dst: IpAddr,
         dst_port: u16,
-    ) -> Result<&IpContext, TxError> {
+    ) -> Result<(), TxError> {
         let same =
             matches!(&self.path, Some((s, d, p, _)) if *s == src && *d == dst && *p == dst_port);
         if !same {
@@ -113,7 +113,7 @@ impl PathTemplate {
                 ..PathTemplate::default()
             };
         }
-        self.ip()
+        Ok(())
     }
 
     /// The IP context of the prepared path. Errors: [`TxError::AddressFamily`] if none is.

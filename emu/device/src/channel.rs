@@ -58,7 +58,12 @@ impl ChannelShared {
             let _ = (&self.tx).write(&[1]);
         }
         queue.events.push_back(cq);
-        if queue.waiters > 0 {
+        let waiters = queue.waiters > 0;
+        // Notified after the lock is released, so that a woken waiter does not block on it
+        // at once (a futex wait and wake more per event). A thread that starts waiting
+        // after the unlock finds the event before it sleeps.
+        drop(queue);
+        if waiters {
             self.cond.notify_all();
         }
     }

@@ -667,7 +667,7 @@ impl Port for UdpDevice {
 
     /// An empty CQ poll runs one nonblocking progress pass in the caller's thread (see
     /// [`UdpDevice::set_busy_poll`]) and polls again; if the CQ is still empty and the
-    /// thread's last [`YIELD_AFTER`] CQ polls found nothing either, the caller yields its CPU
+    /// thread's last two CQ polls found nothing either, the caller yields its CPU
     /// (`sched_yield`) before it returns; async events and channel events are taken as they
     /// are (the progress thread delivers them).
     fn wait_take<R>(

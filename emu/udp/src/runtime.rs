@@ -6,7 +6,8 @@
 //!
 //! Run-to-completion where it pays, the progress thread for everything else:
 //!
-//! - **Verbs commands** (post, modify, destroy, …) lock [`Io`] (without waiting: if another
+//! - **Verbs commands** (post_send, modify, destroy, …; a `post_recv` makes nothing ready and
+//!   runs as a query, [`Core::post_recv`]) lock [`Io`] (without waiting: if another
 //!   thread holds it, the command leaves its packets to that thread), then the [`DeviceState`],
 //!   run the command, pull up to [`TX_BATCH`] packets from [`Hca::poll_transmit`] and send
 //!   them from the caller's thread, through exactly the path the thread uses (ICRC fix-up,
@@ -29,7 +30,8 @@
 //!   `ib_write_lat` does). A thread about to sleep on a completion channel hands the device
 //!   back at once ([`Core::app_sleeps`]).
 //!   If such a pass has nothing but ACKs to send, they wait for the caller's next call on the
-//!   device and leave after the packets that call makes ([`Io::release_acks`]): the
+//!   device that sends or polls, and leave after the packets that call makes
+//!   ([`Io::release_acks`]; a receive posted meanwhile sends nothing): the
 //!   application sees what arrived one `sendto` earlier and its answer is not queued behind
 //!   an ACK.
 //! - **The progress thread** does everything else: it waits in `epoll_wait` (through mio) for

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant as WallClock};
 
-use emu_proto::{AhId, ChannelId, CqId, Hca, Instant, MrInfo, PdId, SrqId, Stats};
+use emu_proto::{AhId, ChannelId, CqId, MrInfo, PdId, SrqId, Stats};
 use mr_region::Region;
 use verbs_api::{
     AccessFlags, Endpoint, Error, MwType, PostError, QpAttr, QpAttrMask, QpType, RecvWr, Result,
@@ -399,7 +399,7 @@ impl<P: Port> verbs_api::SharedReceiveQueue for Srq<P> {
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let this = &self.0;
-        let r = this.ctx.command(|st, _| {
+        let r = this.ctx.post_recv(|st| {
             if !this.alive.load(Ordering::Acquire) {
                 return Err(PostError::new(0, Error::destroyed("SRQ")));
             }
@@ -467,25 +467,13 @@ impl<P: Port> Qp<P> {
         &self.0.ctx
     }
 
-    /// Runs a post on the live QP: a `post_send` (`send`) or a `post_recv`.
-    fn post<R>(
-        &self,
-        send: bool,
-        f: impl FnOnce(&mut Hca, Instant) -> Result<R, PostError>,
-    ) -> Result<R, PostError> {
-        let this = &self.0;
-        let body = |st: &mut crate::DeviceState, now| {
-            if !this.alive.load(Ordering::Acquire) {
-                return Err(PostError::new(0, Error::destroyed("QP")));
-            }
-            f(&mut st.hca, now)
-        };
-        let r = if send {
-            this.ctx.post_send(body)
+    /// `Destroyed` once the QP is destroyed: what a post finds first.
+    fn check_post(&self) -> Result<(), PostError> {
+        if self.0.alive.load(Ordering::Acquire) {
+            Ok(())
         } else {
-            this.ctx.command(body)
-        };
-        r.map_err(|e| PostError::new(0, e))?
+            Err(PostError::new(0, Error::destroyed("QP")))
+        }
     }
 }
 
@@ -513,12 +501,20 @@ impl<P: Port> verbs_api::QueuePair for Qp<P> {
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let qpn = self.0.qpn;
-        self.post(true, |hca, now| hca.post_send(now, qpn, wrs))
+        let r = self.0.ctx.post_send(|st, now| {
+            self.check_post()?;
+            st.hca.post_send(now, qpn, wrs)
+        });
+        r.map_err(|e| PostError::new(0, e))?
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let qpn = self.0.qpn;
-        self.post(false, |hca, _| hca.post_recv(qpn, wrs))
+        let r = self.0.ctx.post_recv(|st| {
+            self.check_post()?;
+            st.hca.post_recv(qpn, wrs)
+        });
+        r.map_err(|e| PostError::new(0, e))?
     }
 
     fn endpoint(&self, psn: u32) -> Result<Endpoint> {

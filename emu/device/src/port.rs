@@ -57,6 +57,15 @@ pub trait Port: Clone + Debug + Send + Sync + 'static {
         self.command(f)
     }
 
+    /// Runs a `post_recv` (to a QP or an SRQ). Posting a receive makes no packet ready and
+    /// moves no timer (a responder waiting for a receive NAKs, and the peer retries on its
+    /// own timer), so a backend may run it as a call that gives the device no work; what it
+    /// completes (a receive flushed on a QP in the error state) is delivered as after any
+    /// call. Default: a [`command`](Self::command).
+    fn post_recv<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> Result<R> {
+        self.command(|st, _| f(st))
+    }
+
     /// Sends what the device has made ready now, in the caller's thread, waiting for a pass
     /// another thread is running, so that the completions such sends produce (a UD or UC send
     /// completes once its packets are out) exist when this returns. Default: an empty command.

@@ -8,6 +8,7 @@
 //! (see [`crate::runtime`]). Every handle holds its device, whose last handle stops the
 //! thread.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -56,6 +57,16 @@ pub type UdpMw = emu_device::Mw<UdpDevice>;
 const NEXT_COMPLETION_WAIT: Duration = Duration::from_secs(60);
 /// Pause between two empty polls of [`emu_device::Cq::next_completion`].
 const POLL_PAUSE: Duration = Duration::from_micros(20);
+/// Empty CQ polls in a row a thread makes without yielding its CPU. The usual wait on a
+/// completion channel polls, arms the CQ, polls again and sleeps: it never yields, and a
+/// thread that keeps polling yields from its third empty poll on.
+const YIELD_AFTER: u32 = 2;
+
+thread_local! {
+    /// The calling thread's empty CQ polls since its last poll that found a completion or
+    /// its last wait on a completion channel (of any UDP device).
+    static EMPTY_POLLS: Cell<u32> = const { Cell::new(0) };
+}
 
 /// The address a device binds to when none is given: loopback, the RoCEv2 port.
 pub const DEFAULT_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 4791);
@@ -635,6 +646,12 @@ impl Port for UdpDevice {
         Ok(self.core().post(f))
     }
 
+    /// A receive makes nothing ready to send: it runs as a query (no clock read, no send
+    /// from the caller's thread, no doorbell).
+    fn post_recv<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> Result<R> {
+        Ok(self.core().post_recv(f))
+    }
+
     fn query<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> Result<R> {
         Ok(self.core().query(f))
     }
@@ -649,9 +666,10 @@ impl Port for UdpDevice {
     }
 
     /// An empty CQ poll runs one nonblocking progress pass in the caller's thread (see
-    /// [`UdpDevice::set_busy_poll`]) and polls again; if the CQ is still empty the caller
-    /// yields its CPU (`sched_yield`) before it returns; async events and channel events are
-    /// taken as they are (the progress thread delivers them).
+    /// [`UdpDevice::set_busy_poll`]) and polls again; if the CQ is still empty and the
+    /// thread's last two CQ polls found nothing either, the caller yields its CPU
+    /// (`sched_yield`) before it returns; async events and channel events are taken as they
+    /// are (the progress thread delivers them).
     fn wait_take<R>(
         &self,
         what: Waiting,
@@ -662,16 +680,23 @@ impl Port for UdpDevice {
             Waiting::AsyncEvent => self.core().query(take),
             Waiting::Cq => {
                 if let Some(r) = self.core().query(&mut take)? {
+                    EMPTY_POLLS.set(0);
                     self.core().app_found();
                     return Ok(Some(r));
                 }
                 self.core().app_poll();
                 let r = self.core().query(take)?;
                 if r.is_none() {
-                    // A busy-polling application on a loaded machine: let the peer (often
-                    // another process on the same host) and this device's thread run.
-                    std::thread::yield_now();
+                    let empty = EMPTY_POLLS.get().saturating_add(1);
+                    EMPTY_POLLS.set(empty);
+                    if empty > YIELD_AFTER {
+                        // A busy-polling application on a loaded machine: let the peer
+                        // (often another process on the same host) and this device's thread
+                        // run.
+                        std::thread::yield_now();
+                    }
                 } else {
+                    EMPTY_POLLS.set(0);
                     self.core().app_found();
                 }
                 Ok(r)
@@ -689,6 +714,7 @@ impl Port for UdpDevice {
         if let Some(cq) = channel.try_get() {
             return Ok(Some(cq));
         }
+        EMPTY_POLLS.set(0);
         self.core().app_sleeps();
         Ok(channel.wait(timeout))
     }

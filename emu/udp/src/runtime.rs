@@ -6,7 +6,8 @@
 //!
 //! Run-to-completion where it pays, the progress thread for everything else:
 //!
-//! - **Verbs commands** (post, modify, destroy, …) lock [`Io`] (without waiting: if another
+//! - **Verbs commands** (post_send, modify, destroy, …; a `post_recv` makes nothing ready and
+//!   runs as a query, [`Core::post_recv`]) lock [`Io`] (without waiting: if another
 //!   thread holds it, the command leaves its packets to that thread), then the [`DeviceState`],
 //!   run the command, pull up to [`TX_BATCH`] packets from [`Hca::poll_transmit`] and send
 //!   them from the caller's thread, through exactly the path the thread uses (ICRC fix-up,
@@ -29,7 +30,8 @@
 //!   `ib_write_lat` does). A thread about to sleep on a completion channel hands the device
 //!   back at once ([`Core::app_sleeps`]).
 //!   If such a pass has nothing but ACKs to send, they wait for the caller's next call on the
-//!   device and leave after the packets that call makes ([`Io::release_acks`]): the
+//!   device that sends or polls, and leave after the packets that call makes
+//!   ([`Io::release_acks`]; a receive posted meanwhile sends nothing): the
 //!   application sees what arrived one `sendto` earlier and its answer is not queued behind
 //!   an ACK.
 //! - **The progress thread** does everything else: it waits in `epoll_wait` (through mio) for
@@ -313,7 +315,7 @@ impl Core {
     /// socket side, the packets are left to it (the progress thread is rung if parked).
     pub(crate) fn command<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R) -> R {
         self.posting.store(false, Ordering::Relaxed);
-        self.run(f, true)
+        self.run_with(f, self.try_io(), Clock::Read)
     }
 
     /// Runs a `post_send`: as [`command`](Self::command), except that a post that directly
@@ -321,31 +323,49 @@ impl Core {
     /// leaves its packets to whoever sends next — the progress thread (rung if parked) or the
     /// polling application thread — so that a burst goes out in batches (GSO runs) rather
     /// than one system call per post.
+    ///
+    /// A post that sends nothing itself gets the last engine time handed out instead of a
+    /// clock read: queueing WQEs arms no timer (the packets' timers start when they are
+    /// pulled), so the time only stamps the post's trace span.
     pub(crate) fn post<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R) -> R {
         let burst = self.posting.swap(true, Ordering::Relaxed);
-        self.run(f, !burst)
+        let io = if burst { None } else { self.try_io() };
+        self.run_with(f, io, Clock::Cached)
     }
 
-    fn run<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R, inline: bool) -> R {
-        self.run_with(f, if inline { self.try_io() } else { None })
+    /// Runs a `post_receive` (see `Port::post_recv`): it makes nothing ready to send, so it
+    /// runs as a query — no clock read, no pull, no doorbell. ACKs an application pass held
+    /// back stay held for the caller's next call that sends or polls.
+    pub(crate) fn post_recv<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> R {
+        self.query(f)
+    }
+
+    /// The last engine time handed out (never more than [`Core::now`]).
+    fn last_time(&self) -> Instant {
+        Instant::from_nanos(self.last_now.load(Ordering::Acquire))
     }
 
     /// Sends what the device made ready, in the caller's thread, waiting for the socket side
     /// if another thread holds it (see `Port::flush`).
     pub(crate) fn flush(&self) {
         self.posting.store(false, Ordering::Relaxed);
-        self.run_with(|_, _| (), Some(self.io()));
+        self.run_with(|_, _| (), Some(self.io()), Clock::Read);
     }
 
     /// Runs `f` on the device state, then, with the socket side `io`, sends what is ready in
-    /// this thread; without it, leaves that to the progress thread (woken).
+    /// this thread; without it, leaves that to the progress thread (woken). `f` gets the
+    /// engine time now, or with [`Clock::Cached`] and no socket side the last time handed out.
     fn run_with<R>(
         &self,
         f: impl FnOnce(&mut DeviceState, Instant) -> R,
         mut io: Option<MutexGuard<'_, Option<Io>>>,
+        clock: Clock,
     ) -> R {
         let mut st = self.lock();
-        let now = self.now();
+        let now = match (clock, &io) {
+            (Clock::Cached, None) => self.last_time(),
+            _ => self.now(),
+        };
         let r = f(&mut st, now);
         match io.as_mut().and_then(|g| g.as_mut()) {
             Some(io) => {
@@ -364,9 +384,17 @@ impl Core {
             }
             None => {
                 st.deliver();
-                self.dirty.store(true, Ordering::SeqCst);
+                // Set under the device lock, and cleared under it by the pull that takes
+                // these packets: if it is set already, the command that set it has rung (or
+                // is about to ring) the thread, which has not pulled since.
+                let rung = self.dirty.load(Ordering::Relaxed);
+                if !rung {
+                    self.dirty.store(true, Ordering::SeqCst);
+                }
                 drop(st);
-                self.wake();
+                if !rung {
+                    self.wake();
+                }
             }
         }
         r
@@ -707,6 +735,15 @@ enum Feed {
     /// Copied out by the fault stage (a duplicate, an edit, or a delayed or held datagram
     /// that is now due).
     Owned(Datagram),
+}
+
+/// Which engine time a call on the device gets (see [`Core::run_with`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Clock {
+    /// A clock read: the call may arm timers.
+    Read,
+    /// The last time handed out, if the call sends nothing itself (a post that only queues).
+    Cached,
 }
 
 /// What [`Io::pull`] left behind.

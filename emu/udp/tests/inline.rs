@@ -274,3 +274,36 @@ fn a_write_for_an_application_that_stopped_polling_is_covered() {
     assert!(s.covered > 0, "{s:?}");
     p.shutdown();
 }
+
+/// Posting receives makes nothing ready to send: it sends nothing from the caller's thread
+/// and rings no doorbell, and the SEND it lets in is ACKed all the same (an ACK a polling
+/// pass held back leaves with the caller's next pass or call, not with the repost).
+#[test]
+fn posting_receives_sends_nothing_and_rings_nothing() {
+    let p = provider(&["127.0.0.113:0", "127.0.0.114:0"]);
+    let (a, b) = pair(&p, &RcConnectOptions::default());
+    let dst = b.mr(64 * 64);
+    let settled = |n: &Node| {
+        let s = n.ctx.driver_stats();
+        (s.send_syscalls, s.doorbells, s.inline_sends)
+    };
+    let before = settled(&b);
+    for i in 0..64 {
+        b.qp.post_recv(&[RecvWr::new(i, &[dst.sge(64 * i as usize, 64).unwrap()])])
+            .unwrap();
+    }
+    assert_eq!(settled(&b), before, "64 receives posted");
+    for n in 0..8u8 {
+        a.qp.post_send(&[SendWr::inline(u64::from(n), SendOp::Send, &[n; 8])])
+            .unwrap();
+        let wc = spin_wc(&b);
+        assert_eq!((wc.opcode, wc.wr_id), (WcOpcode::Recv, u64::from(n)));
+        // The repost after each receive, as a receiver keeps its queue full: the ACK the
+        // polling pass held back stays held (it used to leave with the repost).
+        let held = settled(&b);
+        b.qp.post_recv(&[RecvWr::new(64 + u64::from(n), &[dst.sge(0, 64).unwrap()])])
+            .unwrap();
+        assert_eq!(settled(&b), held, "repost {n}");
+        assert_eq!(spin_wc(&a).wr_id, u64::from(n), "SEND {n} acknowledged");
+    }
+}

@@ -117,6 +117,17 @@ impl BwTimes {
         }
     }
 
+    /// Records `n` posts made now: reads the clock only while post times are still kept
+    /// (the first post, and the first [`PEAK_ITERS`] for the peak).
+    pub fn posts(&mut self, n: u64) {
+        if n > 0 && (self.start.is_none() || self.posted.len() < PEAK_ITERS) {
+            let t = Instant::now();
+            for _ in 0..n {
+                self.post(t);
+            }
+        }
+    }
+
     /// Records that `n` more WRs completed at `t`.
     pub fn complete(&mut self, t: Instant, n: u64) {
         self.done += n;

@@ -5,8 +5,7 @@
 //! This is the only `unsafe` MR-memory code of the workspace. Every access a peer, a NIC or
 //! the application makes goes through [`Region::read`], [`Region::write`] and
 //! [`Region::atomic`], which bounds-check against the region and copy with atomic loads and
-//! stores (on x86-64, a long run of whole words with one `rep movsq`, whose aligned quadword
-//! moves are atomic loads and stores in effect: `Region::load_words`). Atomic copies make concurrent access by the application, a peer, a NIC (DMA) and
+//! stores. Atomic copies make concurrent access by the application, a peer, a NIC (DMA) and
 //! another process (through a file mapping) free of data races in Rust's sense; as on
 //! hardware, overlapping concurrent accesses give unspecified bytes but never touch memory
 //! outside the region.
@@ -250,10 +249,14 @@ impl Region {
                     within: 0,
                     n: 8,
                 } => {
-                    // Every whole word from here that the copy covers, in one go.
+                    // The tight loop: every whole word from here that the copy covers.
                     let words = (end.min(span.1) - word) / 8;
-                    // SAFETY: word + 8 * words <= min(end, hi): whole words of `word_span`.
-                    unsafe { self.load_words(word, &mut buf[at..at + words * 8]) };
+                    let out = &mut buf[at..at + words * 8];
+                    for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
+                        // SAFETY: word + 8k + 8 <= min(end, hi): a whole word of `word_span`.
+                        let w = unsafe { self.whole_word(word + 8 * k) }.load(Ordering::Relaxed);
+                        chunk.copy_from_slice(&w.to_ne_bytes());
+                    }
                     pos += words * 8;
                 }
                 Piece::Word { word, within, n } => {
@@ -289,10 +292,15 @@ impl Region {
                     within: 0,
                     n: 8,
                 } => {
-                    // Every whole word from here that the copy covers, in one go.
+                    // The tight loop: every whole word from here that the copy covers.
                     let words = (end.min(span.1) - word) / 8;
-                    // SAFETY: word + 8 * words <= min(end, hi): whole words of `word_span`.
-                    unsafe { self.store_words(word, &data[at..at + words * 8]) };
+                    for (k, chunk) in data[at..at + words * 8].chunks_exact(8).enumerate() {
+                        let mut w = [0u8; 8];
+                        w.copy_from_slice(chunk);
+                        // SAFETY: word + 8k + 8 <= min(end, hi): a whole word of `word_span`.
+                        unsafe { self.whole_word(word + 8 * k) }
+                            .store(u64::from_ne_bytes(w), Ordering::Relaxed);
+                    }
                     pos += words * 8;
                 }
                 Piece::Word { word, within, n } => {
@@ -310,89 +318,6 @@ impl Region {
             }
         }
         Ok(())
-    }
-}
-
-/// Copies of at least this many whole words use the string-move instruction
-/// ([`Region::load_words`]); shorter ones the word loop, which starts faster.
-const STRING_MOVE_WORDS: usize = 16;
-
-impl Region {
-    /// Loads the whole words from offset `word` on into `out` (`out.len() / 8` of them), each
-    /// as one relaxed `AtomicU64` load in effect.
-    ///
-    /// On x86-64 (outside Miri) a long copy is one `rep movsq`: every element it moves is an
-    /// aligned quadword of the region, which the processor reads atomically (Intel SDM vol. 3A,
-    /// "Guaranteed Atomic Operations"; fast-string operation may reorder the elements, "Fast-
-    /// String Operation and Out-of-Order Stores", which relaxed loads of distinct words permit
-    /// too). So the instruction does what
-    /// the loop below does — one `AtomicU64` load per whole word — and keeps the module's one
-    /// access size per byte, several times faster for a packet's payload.
-    ///
-    /// # Safety
-    ///
-    /// `out.len()` is a multiple of 8 and `[word, word + out.len())` is whole words of
-    /// `word_span` (`lo <= word`, `word - lo` a multiple of 8, `word + out.len() <= hi`).
-    unsafe fn load_words(&self, word: usize, out: &mut [u8]) {
-        let words = out.len() / 8;
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        if words >= STRING_MOVE_WORDS {
-            // SAFETY: the source is `words` whole words of the live region (the caller's
-            // promise), aligned quadwords read atomically (see above); the destination is
-            // `out`, exclusively borrowed and `words * 8` bytes long. The direction flag is
-            // clear on entry to an asm block; `rep movsq` changes no other flag, touches no
-            // stack and leaves rcx, rsi and rdi clobbered, as declared.
-            unsafe {
-                core::arch::asm!(
-                    "rep movsq",
-                    inout("rcx") words => _,
-                    inout("rsi") self.ptr.as_ptr().add(word) => _,
-                    inout("rdi") out.as_mut_ptr() => _,
-                    options(nostack, preserves_flags),
-                );
-            }
-            return;
-        }
-        for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
-            // SAFETY: word + 8k + 8 <= word + out.len(): a whole word (the caller's promise).
-            let w = unsafe { self.whole_word(word + 8 * k) }.load(Ordering::Relaxed);
-            chunk.copy_from_slice(&w.to_ne_bytes());
-        }
-    }
-
-    /// Stores `data` (`data.len() / 8` words) into the whole words from offset `word` on,
-    /// each as one relaxed `AtomicU64` store in effect: on x86-64 a long copy is one `rep
-    /// movsq`, whose elements are aligned quadword stores to the region, atomic as in
-    /// [`Region::load_words`].
-    ///
-    /// # Safety
-    ///
-    /// As for [`Region::load_words`], with `data` for `out`.
-    unsafe fn store_words(&self, word: usize, data: &[u8]) {
-        let words = data.len() / 8;
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        if words >= STRING_MOVE_WORDS {
-            // SAFETY: the destination is `words` whole words of the live region (the caller's
-            // promise), aligned quadwords written atomically (see `load_words`); the source is
-            // `data`, `words * 8` readable bytes. Flags, stack and registers as in `load_words`.
-            unsafe {
-                core::arch::asm!(
-                    "rep movsq",
-                    inout("rcx") words => _,
-                    inout("rsi") data.as_ptr() => _,
-                    inout("rdi") self.ptr.as_ptr().add(word) => _,
-                    options(nostack, preserves_flags),
-                );
-            }
-            return;
-        }
-        for (k, chunk) in data.chunks_exact(8).enumerate() {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(chunk);
-            // SAFETY: word + 8k + 8 <= word + data.len(): a whole word (the caller's promise).
-            unsafe { self.whole_word(word + 8 * k) }
-                .store(u64::from_ne_bytes(w), Ordering::Relaxed);
-        }
     }
 }
 
@@ -479,44 +404,6 @@ mod tests {
         }
         assert_eq!(r.write(250, &data[..7]), Err(OutOfBounds));
         assert_eq!(r.read(256, &mut [0u8; 1]), Err(OutOfBounds));
-    }
-
-    #[test]
-    fn long_copies_agree_with_the_word_loop_at_every_alignment() {
-        // Lengths around STRING_MOVE_WORDS whole words, at every offset within a word.
-        let r = Region::heap(2048);
-        let data: Vec<u8> = (0..1200u32).map(|b| (b * 131 % 251) as u8).collect();
-        for off in 0..16 {
-            for len in [
-                8 * STRING_MOVE_WORDS - 9,
-                8 * STRING_MOVE_WORDS + 7,
-                129,
-                600,
-                1200,
-            ] {
-                r.write(off, &vec![0xEE; 1300]).unwrap();
-                r.write(off + 3, &data[..len]).unwrap();
-                let mut got = vec![0u8; len + 6];
-                r.read(off, &mut got).unwrap();
-                assert_eq!(got[..3], [0xEE; 3], "offset {off}, len {len}: bytes before");
-                assert_eq!(got[3..3 + len], data[..len], "offset {off}, len {len}");
-                assert_eq!(
-                    got[3 + len..],
-                    [0xEE; 3],
-                    "offset {off}, len {len}: bytes after"
-                );
-                // Read back at every start inside the first word too (the load side's path).
-                for start in 0..9 {
-                    let mut part = vec![0u8; len - start];
-                    r.read(off + 3 + start, &mut part).unwrap();
-                    assert_eq!(
-                        part,
-                        data[start..len],
-                        "offset {off}, len {len}, start {start}"
-                    );
-                }
-            }
-        }
     }
 
     #[test]

@@ -1550,12 +1550,10 @@ impl Hca {
             return;
         };
         let turn = fatal || (requeue && (qp.qp_type == QpType::Ud || !idle(qp)));
-        if turn && !qp.rc.queued {
-            qp.rc.queued = true;
-            self.ready.push_back(qpn);
+        if turn {
+            queue_turn(&mut self.ready, qp, qpn);
         }
-        let want = qp.rc.deadline();
-        if want != qp.rc.timer_key {
+        if let Some(want) = stale_deadline(qp) {
             self.move_timer(qpn, want);
         }
     }
@@ -1622,10 +1620,7 @@ impl Hca {
 
     fn mark_ready(&mut self, qpn: u32) {
         if let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) {
-            if !qp.rc.queued {
-                qp.rc.queued = true;
-                self.ready.push_back(qpn);
-            }
+            queue_turn(&mut self.ready, qp, qpn);
         }
     }
 
@@ -1656,8 +1651,7 @@ impl Hca {
         let Some(qp) = qp_in_mut(&mut self.qps, &mut self.gsi, qpn) else {
             return;
         };
-        let want = qp.rc.deadline();
-        if want != qp.rc.timer_key {
+        if let Some(want) = stale_deadline(qp) {
             self.move_timer(qpn, want);
         }
     }
@@ -1899,6 +1893,21 @@ fn idle(qp: &Qp) -> bool {
             .sq
             .front()
             .is_none_or(|w| w.tx.error.is_none() && !(w.tx.started && w.op.is_local()))
+}
+
+/// Queues QP `qpn` (`qp`) for a transmit turn in `ready`, unless it is queued already.
+fn queue_turn(ready: &mut VecDeque<u32>, qp: &mut Qp, qpn: u32) {
+    if !qp.rc.queued {
+        qp.rc.queued = true;
+        ready.push_back(qpn);
+    }
+}
+
+/// `qp`'s deadline when its timer entry no longer matches it (`Some(None)`: disarm), else
+/// `None`: what [`Hca::move_timer`] is called with.
+fn stale_deadline(qp: &Qp) -> Option<Option<Instant>> {
+    let want = qp.rc.deadline();
+    (want != qp.rc.timer_key).then_some(want)
 }
 
 /// The `device` span (`dev`, `addr`, engine time `now` in ns) every event of a call is in, of

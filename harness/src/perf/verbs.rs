@@ -673,7 +673,11 @@ fn bw_client<C: Context>(
         let n = side.poll(&mut wcs)?;
         // The clock is read (tens of ns in a VM, as much as a post) when something completed,
         // in a timed run, and every `STALL_CHECK` empty polls for the stall check.
-        empty_polls = if n > 0 { 0 } else { empty_polls + 1 };
+        empty_polls = if n > 0 {
+            0
+        } else {
+            empty_polls.wrapping_add(1)
+        };
         let clock_due = n > 0 || timed.is_some() || empty_polls % STALL_CHECK == 0;
         let now = if clock_due {
             Instant::now()
@@ -719,7 +723,7 @@ fn send_bw_server<C: Context>(side: &Side<C>) -> Result<(), PerfError> {
     while left > 0 {
         let n = side.poll(&mut wcs)?;
         if n == 0 {
-            empty_polls += 1;
+            empty_polls = empty_polls.wrapping_add(1);
             if empty_polls % STALL_CHECK == 0 && last_progress.elapsed() > STALL {
                 return Err(stalled("SEND received"));
             }

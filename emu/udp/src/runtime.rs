@@ -80,7 +80,7 @@
 //! on the next pass; the receive-side fault stage does not see them.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind as IoKind, IoSliceMut};
+use std::io::{ErrorKind as IoKind, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -91,7 +91,7 @@ use emu_device::{DeviceMemory, DeviceState, MrAddresses};
 use emu_proto::{Hca, HcaConfig, Instant, PacketClass};
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
-use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
+use quinn_udp::{RecvMeta, UdpSocketState};
 use verbs_api::{Error, ErrorKind, Result};
 
 use crate::capture::{Capture, wall_clock};
@@ -620,7 +620,6 @@ impl Runtime {
             socket,
             gso: info.gso_enabled,
             gso_segments: info.gso_segments.clamp(1, GSO_MAX_SEGMENTS),
-            gso_buf: Vec::new(),
             state,
             rx_buf_len,
             // Zeroed memory is mapped lazily: untouched buffer pages cost nothing.
@@ -787,8 +786,6 @@ pub(crate) struct Io {
     gso: bool,
     /// Datagrams per GSO send at most.
     gso_segments: usize,
-    /// A GSO run, copied together.
-    gso_buf: Vec<u8>,
     local: SocketAddr,
     /// The receive area: [`RX_BUFS`] buffers of `rx_buf_len` bytes.
     rx: Vec<u8>,
@@ -1331,24 +1328,10 @@ impl Io {
             };
             let (dst, seg) = (p.peer, p.len);
             bump(&stats.send_syscalls, 1);
-            let result = match (&self.state, run) {
-                (Some(state), 2..) => {
-                    self.gso_buf.clear();
-                    for q in self.out.iter().take(run) {
-                        self.gso_buf.extend_from_slice(q.bytes());
-                    }
-                    let transmit = Transmit {
-                        destination: dst,
-                        ecn: None,
-                        contents: &self.gso_buf,
-                        segment_size: Some(seg),
-                        src_ip: None,
-                    };
-                    state
-                        .try_send((&self.socket).into(), &transmit)
-                        .map(|()| self.gso_buf.len())
-                }
-                _ => self.socket.send_to(p.bytes(), dst),
+            let result = if run > 1 {
+                self.send_run(run, dst, seg)
+            } else {
+                self.socket.send_to(p.bytes(), dst)
             };
             match result {
                 Ok(n) => {
@@ -1394,6 +1377,19 @@ impl Io {
             }
         }
         self.arm_writable(false);
+    }
+
+    /// Sends the first `run` queued datagrams (all to `dst`, each `seg` bytes but the last,
+    /// which may be shorter: a [`gso_run`]) in one GSO `sendmsg`, straight from their buffers.
+    fn send_run(&self, run: usize, dst: SocketAddr, seg: usize) -> std::io::Result<usize> {
+        let seg = u16::try_from(seg).map_err(|_| std::io::Error::from(IoKind::InvalidInput))?;
+        let mut iov = [IoSlice::new(&[]); GSO_MAX_SEGMENTS];
+        let mut n = 0;
+        for (slot, q) in iov.iter_mut().zip(self.out.iter().take(run)) {
+            *slot = IoSlice::new(q.bytes());
+            n += 1;
+        }
+        crate::socket::send_gso(&self.socket, dst, &iov[..n], seg)
     }
 
     /// Asks the poller for writability (a backlog waits) or stops asking. Out of the poller,

@@ -5,12 +5,14 @@
 //! `quinn-udp` sets the socket options and control messages of segmentation offload safely:
 //! [`quinn_udp::UdpSocketState::new`] turns `UDP_GRO` on where the kernel has it and probes
 //! `UDP_SEGMENT`; its `recv` reads up to [`quinn_udp::BATCH_SIZE`] buffers per `recvmmsg` and
-//! reports each buffer's segment size; its `try_send` sends one buffer of equal-size segments
-//! (the last may be shorter) with one `sendmsg`. If the state cannot be set up the socket falls
-//! back to `recv_from`/`send_to`, one datagram per system call.
+//! reports each buffer's segment size. A GSO send is ours ([`send_gso`]): one `sendmsg` with
+//! an iovec per datagram, so a run goes out from the datagrams' own buffers without first
+//! being copied into one. If the state cannot be set up the socket falls back to
+//! `recv_from`/`send_to`, one datagram per system call.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 
 use quinn_udp::UdpSocketState;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -178,5 +180,160 @@ fn set_int(
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// The control message of a GSO send: one `UDP_SEGMENT` header and its `u16`, laid out as
+/// `CMSG_FIRSTHDR`/`CMSG_DATA` find them (the data right after the header, which is already
+/// aligned to `size_t`), its size (with `repr(C)`'s trailing padding) `CMSG_SPACE(2)`; the
+/// kernel reads `cmsg_len` bytes of it and skips the padding.
+#[repr(C)]
+struct SegmentCmsg {
+    hdr: libc::cmsghdr,
+    segment_size: u16,
+}
+
+/// Sends `segments` to `dst` with one `sendmsg(2)` carrying a `UDP_SEGMENT` control message of
+/// `segment_size`: the kernel gathers the slices (one iovec each, no copy here) and cuts the
+/// whole into datagrams of `segment_size` bytes, the last one possibly shorter — so every
+/// slice but the last must be exactly `segment_size` long and the last no longer.
+///
+/// Nonblocking (`MSG_DONTWAIT`, as the socket is). Returns the bytes sent (all of them: UDP
+/// does not send partially). Errors are `sendmsg`'s: `WouldBlock` when the send buffer is full,
+/// `Interrupted`, and `EIO`/`EINVAL` where the path has no segmentation offload. No `IP_TOS`
+/// or source-address control message is sent (the socket's defaults apply, as for `send_to`).
+#[allow(unsafe_code)]
+pub(crate) fn send_gso(
+    socket: &impl AsRawFd,
+    dst: SocketAddr,
+    segments: &[IoSlice<'_>],
+    segment_size: u16,
+) -> io::Result<usize> {
+    let addr = socket2::SockAddr::from(dst);
+    let mut cmsg = SegmentCmsg {
+        // SAFETY: `cmsghdr` is plain integers (and private padding on some targets), for which
+        // all-zero bytes are a valid value.
+        hdr: unsafe { std::mem::zeroed() },
+        segment_size,
+    };
+    cmsg.hdr.cmsg_level = libc::SOL_UDP;
+    cmsg.hdr.cmsg_type = libc::UDP_SEGMENT;
+    cmsg.hdr.cmsg_len = SEGMENT_CMSG_LEN as _;
+    // SAFETY: as above, `msghdr` is integers and pointers, all-zero (null) being valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = addr.as_ptr().cast_mut().cast();
+    msg.msg_namelen = addr.len();
+    // `IoSlice` is ABI-compatible with `iovec` on Unix; sendmsg does not write through these.
+    msg.msg_iov = segments.as_ptr().cast_mut().cast();
+    msg.msg_iovlen = segments.len() as _;
+    msg.msg_control = (&raw mut cmsg).cast();
+    msg.msg_controllen = size_of::<SegmentCmsg>() as _;
+    // SAFETY: the fd is an open socket borrowed for the whole call; `msg` points to the
+    // destination address, `segments.len()` live iovecs and one well-formed control message,
+    // all of which outlive the call; the kernel only reads them.
+    let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &raw const msg, libc::MSG_DONTWAIT) };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// `CMSG_LEN(2)`: the `UDP_SEGMENT` header and its `u16`, without the trailing padding.
+const SEGMENT_CMSG_LEN: usize = std::mem::offset_of!(SegmentCmsg, segment_size) + size_of::<u16>();
+
+// The layout above is what the C macros compute: data right after the header, padded length.
+#[allow(unsafe_code)]
+// SAFETY: `CMSG_LEN` and `CMSG_SPACE` are arithmetic on their argument only.
+const _: () = assert!(
+    unsafe { libc::CMSG_LEN(2) } as usize == SEGMENT_CMSG_LEN
+        && unsafe { libc::CMSG_SPACE(2) } as usize == size_of::<SegmentCmsg>()
+);
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use super::*;
+
+    fn sender(addr: &str, no_check: bool) -> Option<Bound> {
+        let opts = Options {
+            buffer: 1 << 20,
+            gso: true,
+            gro: false,
+            no_check,
+        };
+        let bound = bind(addr.parse().unwrap(), &opts).ok()?;
+        if bound.info.gso_segments < 2 {
+            eprintln!("SKIP: no UDP GSO here ({:?})", bound.info);
+            return None;
+        }
+        Some(bound)
+    }
+
+    /// A plain socket: no `UDP_GRO`, so each datagram is one read.
+    fn receiver(addr: &str) -> std::net::UdpSocket {
+        let rx = std::net::UdpSocket::bind(addr).unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        rx
+    }
+
+    /// Five datagrams of 1,000 bytes and a last one of 300, each its own pattern.
+    fn run() -> Vec<Vec<u8>> {
+        (0..6u8)
+            .map(|i| {
+                let len = if i == 5 { 300 } else { 1000 };
+                (0..len).map(|j| (j as u8).wrapping_mul(31) ^ i).collect()
+            })
+            .collect()
+    }
+
+    fn send_and_check(tx: &Bound, rx: &std::net::UdpSocket) {
+        let run = run();
+        let iov: Vec<IoSlice<'_>> = run.iter().map(|d| IoSlice::new(d)).collect();
+        let n = send_gso(&tx.socket, rx.local_addr().unwrap(), &iov, 1000).unwrap();
+        assert_eq!(n, 5300);
+        let mut buf = [0; 4096];
+        for want in &run {
+            let (len, from) = rx.recv_from(&mut buf).unwrap();
+            assert_eq!(from, tx.info.local_addr);
+            assert!(
+                &buf[..len] == want.as_slice(),
+                "datagram of {len} B differs"
+            );
+        }
+        rx.set_nonblocking(true).unwrap();
+        assert!(rx.recv_from(&mut buf).is_err(), "more datagrams than sent");
+    }
+
+    #[test]
+    fn a_gso_send_from_separate_buffers_arrives_as_separate_datagrams() {
+        let Some(tx) = sender("127.0.0.1:0", false) else {
+            return;
+        };
+        send_and_check(&tx, &receiver("127.0.0.1:0"));
+    }
+
+    #[test]
+    fn a_gso_send_reaches_an_ipv6_peer() {
+        let Some(tx) = sender("[::1]:0", false) else {
+            eprintln!("SKIP: no IPv6 loopback");
+            return;
+        };
+        send_and_check(&tx, &receiver("[::1]:0"));
+    }
+
+    /// `SO_NO_CHECK` makes the kernel refuse GSO: the error the runtime turns GSO off on.
+    #[test]
+    fn a_refused_gso_send_returns_einval_or_eio() {
+        let Some(tx) = sender("127.0.0.1:0", true) else {
+            return;
+        };
+        let rx = receiver("127.0.0.1:0");
+        let run = run();
+        let iov: Vec<IoSlice<'_>> = run.iter().map(|d| IoSlice::new(d)).collect();
+        let e = send_gso(&tx.socket, rx.local_addr().unwrap(), &iov, 1000).unwrap_err();
+        assert!(
+            matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO)),
+            "{e}"
+        );
     }
 }

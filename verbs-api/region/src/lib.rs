@@ -20,9 +20,10 @@
 //! the region outside every whole word (its *edge bytes*) are only ever accessed as
 //! `AtomicU8`. FETCH_ADD and compare-and-swap ([`Region::atomic`]) need an aligned word, so
 //! they act on whole words only. On x86-64 a copy moves the whole words of each 16-byte
-//! aligned pair with one aligned SSE access in inline assembly, which the processor makes as
-//! two single-copy-atomic quadword accesses: the same access size per byte (see `sse_load`;
-//! under Miri, which cannot run assembly, the word loop runs instead). Other code that touches the same memory concurrently (the
+//! aligned pair with one aligned 16-byte SSE access in inline assembly where the processor
+//! guarantees such an access atomic (those with AVX), so each of its quadwords is accessed
+//! as one atomic word, as every other copy does (see `sse_load`; under Miri, which cannot
+//! run assembly, the word loop runs instead). Other code that touches the same memory concurrently (the
 //! owner of caller memory, another process mapping the file) must keep to the same sizes.
 //!
 //! It is not an allocator or a registration table: who owns which region and under which key
@@ -324,7 +325,7 @@ impl Region {
         let mut out = out;
         let mut word = word;
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        {
+        if block_copies() {
             if (self.ptr.as_ptr() as usize + word) % 16 != 0 && out.len() >= 8 {
                 self.load_word(word, &mut out[..8]);
                 word += 8;
@@ -333,9 +334,9 @@ impl Region {
             let pairs = out.len() / 16;
             if pairs > 0 {
                 let (head, rest) = out.split_at_mut(pairs * 16);
-                // SAFETY: the region's words `word..word + 16 * pairs` are whole words (the
-                // caller's promise), 16-byte aligned in memory (checked above), and `head` is
-                // exactly that long.
+                // SAFETY: `block_copies` holds (tested above); the region's words `word..word
+                // + 16 * pairs` are whole words (the caller's promise), 16-byte aligned in
+                // memory (checked above), and `head` is exactly that long.
                 unsafe { sse_load(self.ptr.as_ptr().add(word), head) };
                 word += pairs * 16;
                 out = rest;
@@ -354,7 +355,7 @@ impl Region {
         let mut data = data;
         let mut word = word;
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        {
+        if block_copies() {
             if (self.ptr.as_ptr() as usize + word) % 16 != 0 && data.len() >= 8 {
                 self.store_word(word, &data[..8]);
                 word += 8;
@@ -363,7 +364,8 @@ impl Region {
             let pairs = data.len() / 16;
             if pairs > 0 {
                 let (head, rest) = data.split_at(pairs * 16);
-                // SAFETY: as in `load_words`: whole words, 16-byte aligned, `head` as long.
+                // SAFETY: as in `load_words`: `block_copies` holds, whole words, 16-byte
+                // aligned, `head` as long.
                 unsafe { sse_store(self.ptr.as_ptr().add(word), head) };
                 word += pairs * 16;
                 data = rest;
@@ -393,20 +395,30 @@ impl Region {
     }
 }
 
+/// Whether this processor makes an aligned 16-byte `MOVDQA` one atomic access: Intel's SDM
+/// (vol. 3A, "Guaranteed Atomic Operations") guarantees it for every processor that
+/// enumerates AVX, and says that without that an SSE access wider than a quadword may be
+/// split into several accesses. Without it every copy runs the word loop.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline]
+fn block_copies() -> bool {
+    std::arch::is_x86_feature_detected!("avx")
+}
+
 /// Copies `out.len() / 16` aligned 16-byte blocks of region memory from `src` into `out`.
 ///
 /// Why this is not a mixed-size access: every byte it reads belongs to a whole word, which
-/// every other access in this crate makes as one `AtomicU64`, and an aligned 16-byte SSE
-/// load reads each of its two aligned quadwords single-copy atomically (Intel SDM vol. 3A
-/// §10.1.1: quadword-aligned accesses are atomic, and with AVX the aligned 16-byte `MOVDQA`
-/// as a whole; AMD APM vol. 2 §7.3.2), the same bytes the two relaxed `AtomicU64` loads of
-/// the word loop would read. The inline assembly is opaque to the compiler, so it cannot be
-/// miscompiled as a non-atomic read that races; Miri cannot run it and runs the word loop.
+/// every other access in this crate makes as one `AtomicU64`, and on a processor where
+/// [`block_copies`] holds an aligned 16-byte `MOVDQA` is one atomic access, so it reads each of
+/// its two quadwords single-copy atomically — what the two relaxed `AtomicU64` loads of the
+/// word loop would read. The inline assembly is opaque to the compiler, so it cannot be
+/// compiled as a non-atomic read that races; Miri cannot run it and runs the word loop.
 ///
 /// # Safety
 ///
-/// `src` is 16-byte aligned, and `src..src + out.len()` lies in one live region, all of it
-/// whole words (see [`Region::word_span`]); `out.len()` is a multiple of 16.
+/// [`block_copies`] holds; `src` is 16-byte aligned, and `src..src + out.len()` lies in one
+/// live region, all of it whole words (see [`Region::word_span`]); `out.len()` is a multiple
+/// of 16.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 #[allow(unsafe_code)]
 unsafe fn sse_load(src: *const u8, out: &mut [u8]) {
@@ -618,7 +630,10 @@ mod tests {
                 let mut got = vec![0u8; r.len()];
                 r.read(0, &mut got).unwrap();
                 assert_eq!(got[off..off + len], data[..len], "offset {off}, len {len}");
-                assert!(got[..off].iter().all(|&b| b == 0xA5), "before {off}, len {len}");
+                assert!(
+                    got[..off].iter().all(|&b| b == 0xA5),
+                    "before {off}, len {len}"
+                );
                 assert!(
                     got[off + len..].iter().all(|&b| b == 0xA5),
                     "after {off}, len {len}"

@@ -19,7 +19,11 @@
 //! it with a compare-and-swap loop that keeps the others; the at most 7 bytes at each end of
 //! the region outside every whole word (its *edge bytes*) are only ever accessed as
 //! `AtomicU8`. FETCH_ADD and compare-and-swap ([`Region::atomic`]) need an aligned word, so
-//! they act on whole words only. Other code that touches the same memory concurrently (the
+//! they act on whole words only. On x86-64 a copy moves the whole words of each 16-byte
+//! aligned pair with one aligned 16-byte SSE access in inline assembly where the processor
+//! guarantees such an access atomic (those with AVX), so each of its quadwords is accessed
+//! as one atomic word, as every other copy does (see `sse_load`; under Miri, which cannot
+//! run assembly, the word loop runs instead). Other code that touches the same memory concurrently (the
 //! owner of caller memory, another process mapping the file) must keep to the same sizes.
 //!
 //! It is not an allocator or a registration table: who owns which region and under which key
@@ -251,12 +255,7 @@ impl Region {
                 } => {
                     // The tight loop: every whole word from here that the copy covers.
                     let words = (end.min(span.1) - word) / 8;
-                    let out = &mut buf[at..at + words * 8];
-                    for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
-                        // SAFETY: word + 8k + 8 <= min(end, hi): a whole word of `word_span`.
-                        let w = unsafe { self.whole_word(word + 8 * k) }.load(Ordering::Relaxed);
-                        chunk.copy_from_slice(&w.to_ne_bytes());
-                    }
+                    self.load_words(word, &mut buf[at..at + words * 8]);
                     pos += words * 8;
                 }
                 Piece::Word { word, within, n } => {
@@ -294,13 +293,7 @@ impl Region {
                 } => {
                     // The tight loop: every whole word from here that the copy covers.
                     let words = (end.min(span.1) - word) / 8;
-                    for (k, chunk) in data[at..at + words * 8].chunks_exact(8).enumerate() {
-                        let mut w = [0u8; 8];
-                        w.copy_from_slice(chunk);
-                        // SAFETY: word + 8k + 8 <= min(end, hi): a whole word of `word_span`.
-                        unsafe { self.whole_word(word + 8 * k) }
-                            .store(u64::from_ne_bytes(w), Ordering::Relaxed);
-                    }
+                    self.store_words(word, &data[at..at + words * 8]);
                     pos += words * 8;
                 }
                 Piece::Word { word, within, n } => {
@@ -318,6 +311,222 @@ impl Region {
             }
         }
         Ok(())
+    }
+}
+
+impl Region {
+    /// Loads the whole words from offset `word` on into `out` (a multiple of 8 bytes long),
+    /// each as one relaxed `AtomicU64` load. On x86-64 the words from the first 16-byte
+    /// aligned one on go in pairs, one aligned 16-byte SSE load per pair ([`sse_load`]).
+    ///
+    /// The caller keeps `word` a whole word of `word_span` and `word + out.len()` at most the
+    /// span's end.
+    fn load_words(&self, word: usize, out: &mut [u8]) {
+        let mut out = out;
+        let mut word = word;
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if block_copies() {
+            if (self.ptr.as_ptr() as usize + word) % 16 != 0 && out.len() >= 8 {
+                self.load_word(word, &mut out[..8]);
+                word += 8;
+                out = &mut out[8..];
+            }
+            let pairs = out.len() / 16;
+            if pairs > 0 {
+                let (head, rest) = out.split_at_mut(pairs * 16);
+                // SAFETY: `block_copies` holds (tested above); the region's words `word..word
+                // + 16 * pairs` are whole words (the caller's promise), 16-byte aligned in
+                // memory (checked above), and `head` is exactly that long.
+                unsafe { sse_load(self.ptr.as_ptr().add(word), head) };
+                word += pairs * 16;
+                out = rest;
+            }
+        }
+        for chunk in out.chunks_exact_mut(8) {
+            self.load_word(word, chunk);
+            word += 8;
+        }
+    }
+
+    /// Stores `data` (a multiple of 8 bytes long) into the whole words from offset `word` on,
+    /// each as one relaxed `AtomicU64` store; on x86-64 in pairs as [`Region::load_words`]
+    /// loads them ([`sse_store`]). The caller's promise is `load_words`'.
+    fn store_words(&self, word: usize, data: &[u8]) {
+        let mut data = data;
+        let mut word = word;
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if block_copies() {
+            if (self.ptr.as_ptr() as usize + word) % 16 != 0 && data.len() >= 8 {
+                self.store_word(word, &data[..8]);
+                word += 8;
+                data = &data[8..];
+            }
+            let pairs = data.len() / 16;
+            if pairs > 0 {
+                let (head, rest) = data.split_at(pairs * 16);
+                // SAFETY: as in `load_words`: `block_copies` holds, whole words, 16-byte
+                // aligned, `head` as long.
+                unsafe { sse_store(self.ptr.as_ptr().add(word), head) };
+                word += pairs * 16;
+                data = rest;
+            }
+        }
+        for chunk in data.chunks_exact(8) {
+            self.store_word(word, chunk);
+            word += 8;
+        }
+    }
+
+    /// One whole word at `word` into `out` (8 bytes).
+    #[inline(always)]
+    fn load_word(&self, word: usize, out: &mut [u8]) {
+        // SAFETY: a whole word of `word_span` (the callers' promise).
+        let w = unsafe { self.whole_word(word) }.load(Ordering::Relaxed);
+        out.copy_from_slice(&w.to_ne_bytes());
+    }
+
+    /// `data` (8 bytes) into the whole word at `word`.
+    #[inline(always)]
+    fn store_word(&self, word: usize, data: &[u8]) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(data);
+        // SAFETY: a whole word of `word_span` (the callers' promise).
+        unsafe { self.whole_word(word) }.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+    }
+}
+
+/// Whether this processor makes an aligned 16-byte `MOVDQA` one atomic access: Intel's SDM
+/// (vol. 3A, "Guaranteed Atomic Operations") guarantees it for every processor that
+/// enumerates AVX, and says that without that an SSE access wider than a quadword may be
+/// split into several accesses. Without it every copy runs the word loop.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline]
+fn block_copies() -> bool {
+    std::arch::is_x86_feature_detected!("avx")
+}
+
+/// Copies `out.len() / 16` aligned 16-byte blocks of region memory from `src` into `out`.
+///
+/// Why this is not a mixed-size access: every byte it reads belongs to a whole word, which
+/// every other access in this crate makes as one `AtomicU64`, and on a processor where
+/// [`block_copies`] holds an aligned 16-byte `MOVDQA` is one atomic access, so it reads each of
+/// its two quadwords single-copy atomically — what the two relaxed `AtomicU64` loads of the
+/// word loop would read. The inline assembly is opaque to the compiler, so it cannot be
+/// compiled as a non-atomic read that races; Miri cannot run it and runs the word loop.
+///
+/// # Safety
+///
+/// [`block_copies`] holds; `src` is 16-byte aligned, and `src..src + out.len()` lies in one
+/// live region, all of it whole words (see [`Region::word_span`]); `out.len()` is a multiple
+/// of 16.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[allow(unsafe_code)]
+unsafe fn sse_load(src: *const u8, out: &mut [u8]) {
+    let blocks = out.len() / 16;
+    if blocks == 0 {
+        return;
+    }
+    // SAFETY: `blocks` > 0 aligned 16-byte loads from `src` stay inside the region (the
+    // caller's promise); the stores go to `out`, which is exactly `16 * blocks` bytes long
+    // (unaligned stores, `movdqu`). No stack use; only the named registers change.
+    unsafe {
+        std::arch::asm!(
+            // Four blocks per round while four are left, then one per round.
+            "cmp {n}, 4",
+            "jb 3f",
+            "2:",
+            "movdqa {a}, xmmword ptr [{src}]",
+            "movdqa {b}, xmmword ptr [{src} + 16]",
+            "movdqa {c}, xmmword ptr [{src} + 32]",
+            "movdqa {d}, xmmword ptr [{src} + 48]",
+            "movdqu xmmword ptr [{dst}], {a}",
+            "movdqu xmmword ptr [{dst} + 16], {b}",
+            "movdqu xmmword ptr [{dst} + 32], {c}",
+            "movdqu xmmword ptr [{dst} + 48], {d}",
+            "add {src}, 64",
+            "add {dst}, 64",
+            "sub {n}, 4",
+            "cmp {n}, 4",
+            "jae 2b",
+            "3:",
+            "test {n}, {n}",
+            "jz 5f",
+            "4:",
+            "movdqa {a}, xmmword ptr [{src}]",
+            "movdqu xmmword ptr [{dst}], {a}",
+            "add {src}, 16",
+            "add {dst}, 16",
+            "dec {n}",
+            "jnz 4b",
+            "5:",
+            src = inout(reg) src => _,
+            dst = inout(reg) out.as_mut_ptr() => _,
+            n = inout(reg) blocks => _,
+            a = out(xmm_reg) _,
+            b = out(xmm_reg) _,
+            c = out(xmm_reg) _,
+            d = out(xmm_reg) _,
+            options(nostack),
+        );
+    }
+}
+
+/// Copies `data` (a multiple of 16 bytes long) into aligned 16-byte blocks of region memory
+/// from `dst` on: each of a block's two aligned quadwords is stored single-copy atomically,
+/// as [`sse_load`] explains for loads, so it is the word loop's pair of relaxed `AtomicU64`
+/// stores.
+///
+/// # Safety
+///
+/// As [`sse_load`], for `dst` and `data`.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[allow(unsafe_code)]
+unsafe fn sse_store(dst: *mut u8, data: &[u8]) {
+    let blocks = data.len() / 16;
+    if blocks == 0 {
+        return;
+    }
+    // SAFETY: `blocks` > 0 unaligned loads from `data` (exactly `16 * blocks` bytes) and
+    // aligned 16-byte stores inside the region (the caller's promise). No stack use.
+    unsafe {
+        std::arch::asm!(
+            // Four blocks per round while four are left, then one per round.
+            "cmp {n}, 4",
+            "jb 3f",
+            "2:",
+            "movdqu {a}, xmmword ptr [{src}]",
+            "movdqu {b}, xmmword ptr [{src} + 16]",
+            "movdqu {c}, xmmword ptr [{src} + 32]",
+            "movdqu {d}, xmmword ptr [{src} + 48]",
+            "movdqa xmmword ptr [{dst}], {a}",
+            "movdqa xmmword ptr [{dst} + 16], {b}",
+            "movdqa xmmword ptr [{dst} + 32], {c}",
+            "movdqa xmmword ptr [{dst} + 48], {d}",
+            "add {src}, 64",
+            "add {dst}, 64",
+            "sub {n}, 4",
+            "cmp {n}, 4",
+            "jae 2b",
+            "3:",
+            "test {n}, {n}",
+            "jz 5f",
+            "4:",
+            "movdqu {a}, xmmword ptr [{src}]",
+            "movdqa xmmword ptr [{dst}], {a}",
+            "add {src}, 16",
+            "add {dst}, 16",
+            "dec {n}",
+            "jnz 4b",
+            "5:",
+            src = inout(reg) data.as_ptr() => _,
+            dst = inout(reg) dst => _,
+            n = inout(reg) blocks => _,
+            a = out(xmm_reg) _,
+            b = out(xmm_reg) _,
+            c = out(xmm_reg) _,
+            d = out(xmm_reg) _,
+            options(nostack),
+        );
     }
 }
 
@@ -404,6 +613,37 @@ mod tests {
         }
         assert_eq!(r.write(250, &data[..7]), Err(OutOfBounds));
         assert_eq!(r.read(256, &mut [0u8; 1]), Err(OutOfBounds));
+    }
+
+    #[test]
+    fn long_copies_keep_every_byte_and_touch_nothing_else() {
+        // The block copies (four 16-byte blocks per round, then single blocks, with a word
+        // before and after them) at every start within two blocks and lengths around the
+        // round size, checked byte for byte, the bytes around each copy untouched.
+        let r = Region::heap(4096 + 128);
+        let data: Vec<u8> = (0..4096 + 64).map(|i| (i * 7 + 3) as u8).collect();
+        for off in 0..32 {
+            for len in [16, 24, 63, 64, 65, 80, 127, 200, 4096, 4096 + 40] {
+                let fill = vec![0xA5u8; r.len()];
+                r.write(0, &fill).unwrap();
+                r.write(off, &data[..len]).unwrap();
+                let mut got = vec![0u8; r.len()];
+                r.read(0, &mut got).unwrap();
+                assert_eq!(got[off..off + len], data[..len], "offset {off}, len {len}");
+                assert!(
+                    got[..off].iter().all(|&b| b == 0xA5),
+                    "before {off}, len {len}"
+                );
+                assert!(
+                    got[off + len..].iter().all(|&b| b == 0xA5),
+                    "after {off}, len {len}"
+                );
+                // Reads starting at the copy's start, into an unaligned buffer.
+                let mut out = vec![0u8; len + 3];
+                r.read(off, &mut out[3..]).unwrap();
+                assert_eq!(out[3..], data[..len], "read at {off}, len {len}");
+            }
+        }
     }
 
     #[test]

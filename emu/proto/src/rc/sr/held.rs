@@ -69,10 +69,13 @@ impl HeldRing {
             self.base = psn;
         }
         let i = usize::try_from(psn.diff(self.base)).unwrap_or(0);
+        // Appending (the usual case: PSNs arrive in order past a gap) moves `held` once, and
+        // writes no empty slot to overwrite.
         if self.slots.len() <= i {
-            self.slots.resize(i + 1, None);
-        }
-        if let Some(slot) = self.slots.get_mut(i) {
+            self.slots.resize_with(i, || None);
+            self.slots.push_back(Some(held));
+            self.len += 1;
+        } else if let Some(slot) = self.slots.get_mut(i) {
             self.len += 1;
             *slot = Some(held);
         }
@@ -116,7 +119,14 @@ impl HeldRing {
     /// Takes the request held at `psn`.
     pub(crate) fn take(&mut self, psn: Psn) -> Option<Held> {
         let i = self.index(psn)?;
-        let held = self.slots.get_mut(i)?.take()?;
+        // The oldest one (the usual case: the gap filled) leaves with its slot, moved once.
+        let held = if i == 0 {
+            let slot = self.slots.pop_front()?;
+            self.base = self.base.wrapping_add(1);
+            slot?
+        } else {
+            self.slots.get_mut(i)?.take()?
+        };
         self.left(psn, &held);
         self.trim();
         Some(held)

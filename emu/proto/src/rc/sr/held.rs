@@ -250,6 +250,12 @@ mod tests {
         assert_eq!(b.0.first(), Some(&0b111));
         assert_eq!(ring.take(Psn::new(5)).map(|h| h.span), Some(3));
         assert_eq!((ring.len, ring.wide), (1, 0));
+        // Taking one after the oldest leaves the oldest where it is.
+        ring.insert(Psn::new(9), held(2, false));
+        assert_eq!(ring.take(Psn::new(9)).map(|h| h.span), Some(2));
+        let left: Vec<(Psn, u32)> = ring.iter().map(|(p, h)| (p, h.span)).collect();
+        assert_eq!(left, [(Psn::new(7), 1)]);
+        assert!(ring.contains(Psn::new(7)) && !ring.contains(Psn::new(9)));
     }
 
     /// Random holds, takes and discards around a moving ePSN (across the PSN wrap) agree with

@@ -50,7 +50,9 @@ impl HeldRing {
     /// Holds `held` at `psn`, replacing one held there.
     pub(crate) fn insert(&mut self, psn: Psn, held: Held) {
         // One held there already is replaced (never by the responder: it holds first copies).
-        let _replaced = self.take(psn);
+        if self.contains(psn) {
+            let _replaced = self.take(psn);
+        }
         if self.len == 0 {
             self.slots.clear();
             self.base = psn;
@@ -69,10 +71,13 @@ impl HeldRing {
             self.base = psn;
         }
         let i = usize::try_from(psn.diff(self.base)).unwrap_or(0);
+        // Appending (the usual case: PSNs arrive in order past a gap) moves `held` once, and
+        // writes no empty slot to overwrite.
         if self.slots.len() <= i {
-            self.slots.resize(i + 1, None);
-        }
-        if let Some(slot) = self.slots.get_mut(i) {
+            self.slots.resize_with(i, || None);
+            self.slots.push_back(Some(held));
+            self.len += 1;
+        } else if let Some(slot) = self.slots.get_mut(i) {
             self.len += 1;
             *slot = Some(held);
         }
@@ -116,7 +121,14 @@ impl HeldRing {
     /// Takes the request held at `psn`.
     pub(crate) fn take(&mut self, psn: Psn) -> Option<Held> {
         let i = self.index(psn)?;
-        let held = self.slots.get_mut(i)?.take()?;
+        // The oldest one (the usual case: the gap filled) leaves with its slot, moved once.
+        let held = if i == 0 {
+            let slot = self.slots.pop_front()?;
+            self.base = self.base.wrapping_add(1);
+            slot?
+        } else {
+            self.slots.get_mut(i)?.take()?
+        };
         self.left(psn, &held);
         self.trim();
         Some(held)
@@ -171,6 +183,13 @@ impl HeldRing {
     /// it went. Walks back from `psn` to the first placed one.
     pub(crate) fn nearest_placed_before(&self, psn: Psn) -> Option<(u32, Placed)> {
         let d = usize::try_from(psn.diff(self.base)).ok()?;
+        // The PSN just before placed (the usual case: a stream held past a gap) ends the walk.
+        let prev = d
+            .checked_sub(1)
+            .and_then(|i| self.slots.get(i)?.as_ref()?.placed);
+        if let Some(placed) = prev {
+            return Some((1, placed));
+        }
         let end = d.min(self.slots.len());
         let (i, placed) = self
             .slots
@@ -213,6 +232,30 @@ mod tests {
                 room: 0,
             }),
         }
+    }
+
+    /// Holding at a PSN held already replaces that request: counted once, in `bits` or `wide` as
+    /// the new one covers.
+    #[test]
+    fn holding_again_at_a_held_psn_replaces_it() {
+        let mut ring = HeldRing::default();
+        ring.insert(Psn::new(5), held(1, false));
+        ring.insert(Psn::new(7), held(1, true));
+        ring.insert(Psn::new(5), held(3, true));
+        assert_eq!((ring.len, ring.wide), (2, 1));
+        let spans: Vec<(Psn, u32)> = ring.iter().map(|(p, h)| (p, h.span)).collect();
+        assert_eq!(spans, [(Psn::new(5), 3), (Psn::new(7), 1)]);
+        let mut b = SackBitmap::default();
+        ring.add_to(&mut b, Psn::new(5));
+        assert_eq!(b.0.first(), Some(&0b111));
+        assert_eq!(ring.take(Psn::new(5)).map(|h| h.span), Some(3));
+        assert_eq!((ring.len, ring.wide), (1, 0));
+        // Taking one after the oldest leaves the oldest where it is.
+        ring.insert(Psn::new(9), held(2, false));
+        assert_eq!(ring.take(Psn::new(9)).map(|h| h.span), Some(2));
+        let left: Vec<(Psn, u32)> = ring.iter().map(|(p, h)| (p, h.span)).collect();
+        assert_eq!(left, [(Psn::new(7), 1)]);
+        assert!(ring.contains(Psn::new(7)) && !ring.contains(Psn::new(9)));
     }
 
     /// Random holds, takes and discards around a moving ePSN (across the PSN wrap) agree with

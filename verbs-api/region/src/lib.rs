@@ -315,65 +315,67 @@ impl Region {
 }
 
 impl Region {
+    /// How a copy of `len` bytes (a multiple of 8) of whole words from offset `word` on splits:
+    /// `(words, blocks)`, the bytes copied word by word first (one word when the second word is
+    /// the first 16-byte aligned one), then the bytes copied in aligned 16-byte blocks (none
+    /// where [`block_copies`] does not hold, and under Miri); the rest goes word by word.
+    fn block_split(&self, word: usize, len: usize) -> (usize, usize) {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if block_copies() {
+            let lead = if (self.ptr.as_ptr() as usize + word) % 16 == 0 {
+                0
+            } else {
+                8.min(len)
+            };
+            return (lead, (len - lead) / 16 * 16);
+        }
+        let _ = (word, len);
+        (len, 0)
+    }
+
     /// Loads the whole words from offset `word` on into `out` (a multiple of 8 bytes long),
-    /// each as one relaxed `AtomicU64` load. On x86-64 the words from the first 16-byte
-    /// aligned one on go in pairs, one aligned 16-byte SSE load per pair ([`sse_load`]).
+    /// each as one relaxed `AtomicU64` load, or on x86-64 two at a time with one aligned
+    /// 16-byte load ([`Region::block_split`], [`sse_load`]).
     ///
     /// The caller keeps `word` a whole word of `word_span` and `word + out.len()` at most the
     /// span's end.
     fn load_words(&self, word: usize, out: &mut [u8]) {
-        let mut out = out;
-        let mut word = word;
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        if block_copies() {
-            if (self.ptr.as_ptr() as usize + word) % 16 != 0 && out.len() >= 8 {
-                self.load_word(word, &mut out[..8]);
-                word += 8;
-                out = &mut out[8..];
-            }
-            let pairs = out.len() / 16;
-            if pairs > 0 {
-                let (head, rest) = out.split_at_mut(pairs * 16);
-                // SAFETY: `block_copies` holds (tested above); the region's words `word..word
-                // + 16 * pairs` are whole words (the caller's promise), 16-byte aligned in
-                // memory (checked above), and `head` is exactly that long.
-                unsafe { sse_load(self.ptr.as_ptr().add(word), head) };
-                word += pairs * 16;
-                out = rest;
-            }
+        let (lead, blocks) = self.block_split(word, out.len());
+        let (lead_out, rest) = out.split_at_mut(lead);
+        let (block_out, tail_out) = rest.split_at_mut(blocks);
+        for (k, chunk) in lead_out.chunks_exact_mut(8).enumerate() {
+            self.load_word(word + 8 * k, chunk);
         }
-        for chunk in out.chunks_exact_mut(8) {
-            self.load_word(word, chunk);
-            word += 8;
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: `block_split` returns blocks only where `block_copies` holds, from the first
+        // 16-byte aligned word on; those are whole words (the caller's promise) and
+        // `block_out` is exactly as long.
+        unsafe {
+            sse_load(self.ptr.as_ptr().add(word + lead), block_out);
+        }
+        for (k, chunk) in tail_out.chunks_exact_mut(8).enumerate() {
+            self.load_word(word + lead + blocks + 8 * k, chunk);
         }
     }
 
     /// Stores `data` (a multiple of 8 bytes long) into the whole words from offset `word` on,
-    /// each as one relaxed `AtomicU64` store; on x86-64 in pairs as [`Region::load_words`]
-    /// loads them ([`sse_store`]). The caller's promise is `load_words`'.
+    /// as [`Region::load_words`] loads them ([`sse_store`] for the blocks). The caller's
+    /// promise is `load_words`'.
     fn store_words(&self, word: usize, data: &[u8]) {
-        let mut data = data;
-        let mut word = word;
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        if block_copies() {
-            if (self.ptr.as_ptr() as usize + word) % 16 != 0 && data.len() >= 8 {
-                self.store_word(word, &data[..8]);
-                word += 8;
-                data = &data[8..];
-            }
-            let pairs = data.len() / 16;
-            if pairs > 0 {
-                let (head, rest) = data.split_at(pairs * 16);
-                // SAFETY: as in `load_words`: `block_copies` holds, whole words, 16-byte
-                // aligned, `head` as long.
-                unsafe { sse_store(self.ptr.as_ptr().add(word), head) };
-                word += pairs * 16;
-                data = rest;
-            }
+        let (lead, blocks) = self.block_split(word, data.len());
+        let (lead_data, rest) = data.split_at(lead);
+        let (block_data, tail_data) = rest.split_at(blocks);
+        for (k, chunk) in lead_data.chunks_exact(8).enumerate() {
+            self.store_word(word + 8 * k, chunk);
         }
-        for chunk in data.chunks_exact(8) {
-            self.store_word(word, chunk);
-            word += 8;
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: as in `load_words`: blocks from the first aligned whole word, `block_data`
+        // exactly as long.
+        unsafe {
+            sse_store(self.ptr.as_ptr().add(word + lead), block_data);
+        }
+        for (k, chunk) in tail_data.chunks_exact(8).enumerate() {
+            self.store_word(word + lead + blocks + 8 * k, chunk);
         }
     }
 
@@ -420,6 +422,7 @@ fn block_copies() -> bool {
 /// live region, all of it whole words (see [`Region::word_span`]); `out.len()` is a multiple
 /// of 16.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline]
 #[allow(unsafe_code)]
 unsafe fn sse_load(src: *const u8, out: &mut [u8]) {
     let blocks = out.len() / 16;
@@ -480,6 +483,7 @@ unsafe fn sse_load(src: *const u8, out: &mut [u8]) {
 ///
 /// As [`sse_load`], for `dst` and `data`.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline]
 #[allow(unsafe_code)]
 unsafe fn sse_store(dst: *mut u8, data: &[u8]) {
     let blocks = data.len() / 16;

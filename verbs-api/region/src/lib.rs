@@ -23,8 +23,9 @@
 //! aligned pair with one aligned 16-byte SSE access in inline assembly where the processor
 //! guarantees such an access atomic (those with AVX), so each of its quadwords is accessed
 //! as one atomic word, as every other copy does (see `sse_load`; under Miri, which cannot
-//! run assembly, the word loop runs instead). Other code that touches the same memory concurrently (the
-//! owner of caller memory, another process mapping the file) must keep to the same sizes.
+//! run assembly, the word loop runs instead). Other code that touches the same memory
+//! concurrently (the owner of caller memory, another process mapping the file) must keep to
+//! the same sizes.
 //!
 //! It is not an allocator or a registration table: who owns which region and under which key
 //! is the backend's business.

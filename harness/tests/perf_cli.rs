@@ -407,9 +407,13 @@ fn sweep_loss_with_recovery_sweeps_that_mode_only() {
 }
 
 /// Five rounds per point (the README's loss table): the client's configuration, every run
-/// of the sweep, still fits the one out-of-band line it travels in.
+/// of the sweep, still fits the one out-of-band line it travels in. Each round runs every
+/// loss rate once, and each run counts only its own injected drops (the in-process fabric's
+/// counters run on from one run to the next).
 #[test]
-fn sweep_loss_with_five_rounds_runs() {
+fn sweep_loss_with_five_rounds_runs_round_by_round() {
+    let dir = std::env::temp_dir();
+    let json = dir.join(format!("perf-cli-sweep-{}.json", std::process::id()));
     let out = perf(&[
         "--sweep-loss",
         "--rounds",
@@ -419,10 +423,31 @@ fn sweep_loss_with_five_rounds_runs() {
         "-s",
         "1024",
         "-n",
-        "5",
+        "20",
+        "--json",
+        json.to_str().unwrap(),
     ]);
     assert_eq!(out.code, 0, "{}", out.dump());
     assert!(out.stdout.contains(" sr    10.0     5 "), "{}", out.dump());
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 5 * 7, "{doc}");
+    let losses: Vec<f64> = rows.iter().map(|r| r["loss"].as_f64().unwrap()).collect();
+    let one_round = [0.0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1];
+    for (i, chunk) in losses.chunks(7).enumerate() {
+        assert_eq!(chunk, one_round, "round {i} of {losses:?}");
+    }
+    let lossy_drops: u64 = rows
+        .iter()
+        .filter(|r| r["loss"].as_f64() == Some(0.1))
+        .map(|r| r["transport"]["dropped_injected"].as_u64().unwrap())
+        .sum();
+    assert!(lossy_drops > 0, "10 % loss dropped nothing: {doc}");
+    for r in rows.iter().filter(|r| r["loss"].as_f64() == Some(0.0)) {
+        assert_eq!(r["transport"]["dropped_injected"], 0, "lossless run: {r}");
+    }
 }
 
 #[test]

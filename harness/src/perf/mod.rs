@@ -280,7 +280,7 @@ pub struct PerfArgs {
     #[arg(long = "sweep-loss")]
     pub sweep_loss: bool,
     /// With --sweep-loss: measure each point this many times and report the median (and the
-    /// spread).
+    /// spread). Each round runs every loss rate once, in order.
     #[arg(long = "rounds", default_value_t = 1, requires = "sweep_loss",
           value_parser = clap::value_parser!(u32).range(1..=50))]
     pub rounds: u32,
@@ -549,12 +549,14 @@ impl Config {
             vec![a.loss.unwrap_or(0.0)]
         };
         let rounds = if a.sweep_loss { a.rounds } else { 1 };
+        // Round-major: each round runs every loss rate once, so a burst of load on a shared
+        // machine spreads over the points instead of sinking one point's rounds together.
         let runs = sizes
             .iter()
             .flat_map(|&size| {
-                losses
-                    .iter()
-                    .flat_map(move |&loss| (0..rounds).map(move |_| RunSpec { size, loss }))
+                let losses = &losses;
+                (0..rounds)
+                    .flat_map(move |_| losses.iter().map(move |&loss| RunSpec { size, loss }))
             })
             .collect();
         let tx_depth = a.tx_depth.unwrap_or(if test.is_bw() { 128 } else { 1 });

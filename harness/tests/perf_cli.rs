@@ -408,8 +408,7 @@ fn sweep_loss_with_recovery_sweeps_that_mode_only() {
 
 /// Five rounds per point (the README's loss table): the client's configuration, every run
 /// of the sweep, still fits the one out-of-band line it travels in. Each round runs every
-/// loss rate once, and each run counts only its own injected drops (the in-process fabric's
-/// counters run on from one run to the next).
+/// loss rate once in each mode, the modes in turn, and a lossless run reports no drop.
 #[test]
 fn sweep_loss_with_five_rounds_runs_round_by_round() {
     let dir = std::env::temp_dir();
@@ -438,6 +437,10 @@ fn sweep_loss_with_five_rounds_runs_round_by_round() {
     let one_round = [0.0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1];
     for (i, chunk) in losses.chunks(7).enumerate() {
         assert_eq!(chunk, one_round, "round {i} of {losses:?}");
+        let mode = if i % 2 == 0 { "ibta" } else { "sr" };
+        for r in &rows[i * 7..i * 7 + 7] {
+            assert_eq!(r["recovery"], mode, "session {i}: {r}");
+        }
     }
     let lossy_drops: u64 = rows
         .iter()

@@ -280,7 +280,7 @@ pub struct PerfArgs {
     #[arg(long = "sweep-loss")]
     pub sweep_loss: bool,
     /// With --sweep-loss: measure each point this many times and report the median (and the
-    /// spread). Each round runs every loss rate once, in order.
+    /// spread). Each round runs every loss rate once in each mode, in order.
     #[arg(long = "rounds", default_value_t = 1, requires = "sweep_loss",
           value_parser = clap::value_parser!(u32).range(1..=50))]
     pub rounds: u32,
@@ -548,16 +548,10 @@ impl Config {
         } else {
             vec![a.loss.unwrap_or(0.0)]
         };
-        let rounds = if a.sweep_loss { a.rounds } else { 1 };
-        // Round-major: each round runs every loss rate once, so a burst of load on a shared
-        // machine spreads over the points instead of sinking one point's rounds together.
+        // One round: a sweep's rounds are sessions of their own (`run_inner`).
         let runs = sizes
             .iter()
-            .flat_map(|&size| {
-                let losses = &losses;
-                (0..rounds)
-                    .flat_map(move |_| losses.iter().map(move |&loss| RunSpec { size, loss }))
-            })
+            .flat_map(|&size| losses.iter().map(move |&loss| RunSpec { size, loss }))
             .collect();
         let tx_depth = a.tx_depth.unwrap_or(if test.is_bw() { 128 } else { 1 });
         Ok((
@@ -623,12 +617,20 @@ fn run_inner(args: &PerfArgs) -> Result<(), PerfError> {
     } else {
         vec![cfg.recovery]
     };
-    for recovery in modes {
-        let cfg = Config {
-            recovery,
-            ..cfg.clone()
-        };
-        run_session(args, &cfg, &mut out)?;
+    // Round by round, each mode in turn: a burst of load on a shared machine spreads over
+    // the points and both modes instead of sinking one point's rounds. Round `r` runs with
+    // its own seeds (run `i` of the round: seed + r × runs + i), the same in both modes.
+    let rounds = if args.sweep_loss { args.rounds } else { 1 };
+    let per_round = cfg.runs.len() as u64;
+    for round in 0..u64::from(rounds) {
+        for &recovery in &modes {
+            let cfg = Config {
+                recovery,
+                seed: cfg.seed.wrapping_add(round * per_round),
+                ..cfg.clone()
+            };
+            run_session(args, &cfg, &mut out)?;
+        }
     }
     out.finish(args)
 }

@@ -28,6 +28,10 @@ struct Summary {
     loss: f64,
     rounds: usize,
     median: f64,
+    /// Median over the rounds of each run's goodput over the lossless run of its round and
+    /// mode (1 for the lossless point): a slow stretch of the machine moves both runs of a
+    /// pair, and cancels out.
+    paired: f64,
     min: f64,
     max: f64,
     /// Median over the rounds of each counter.
@@ -56,6 +60,25 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// Each run's goodput over that of the latest lossless run of its mode before it (a round
+/// starts with its lossless run); 0 where there is none.
+fn paired_ratios(points: &[Point]) -> Vec<f64> {
+    let mut base: Vec<(RecoveryArg, f64)> = Vec::new();
+    points
+        .iter()
+        .map(|p| {
+            if p.loss == 0.0 {
+                base.retain(|(mode, _)| *mode != p.recovery);
+                base.push((p.recovery, p.bytes_per_sec));
+            }
+            match base.iter().find(|(mode, _)| *mode == p.recovery) {
+                Some(&(_, b)) if b > 0.0 => p.bytes_per_sec / b,
+                _ => 0.0,
+            }
+        })
+        .collect()
+}
+
 /// Groups the runs by mode and loss rate, in the order they ran.
 fn summarise(points: &[Point]) -> Vec<Summary> {
     let mut keys: Vec<(RecoveryArg, f64)> = Vec::new();
@@ -64,11 +87,16 @@ fn summarise(points: &[Point]) -> Vec<Summary> {
             keys.push((p.recovery, p.loss));
         }
     }
+    let paired = paired_ratios(points);
     keys.into_iter()
         .map(|(recovery, loss)| {
-            let runs: Vec<&Point> = points
+            let of_point = |p: &Point| p.recovery == recovery && p.loss == loss;
+            let runs: Vec<&Point> = points.iter().filter(|p| of_point(p)).collect();
+            let mut pairs: Vec<f64> = points
                 .iter()
-                .filter(|p| p.recovery == recovery && p.loss == loss)
+                .zip(&paired)
+                .filter(|(p, _)| of_point(p))
+                .map(|(_, &r)| r)
                 .collect();
             let mut bps: Vec<f64> = runs.iter().map(|p| p.bytes_per_sec).collect();
             let counters = COUNTERS
@@ -88,6 +116,7 @@ fn summarise(points: &[Point]) -> Vec<Summary> {
                 min: bps.iter().copied().fold(f64::INFINITY, f64::min),
                 max: bps.iter().copied().fold(0.0, f64::max),
                 median: median(&mut bps),
+                paired: median(&mut pairs),
                 counters,
             }
         })
@@ -102,8 +131,9 @@ fn lossless(sums: &[Summary], recovery: RecoveryArg) -> f64 {
 }
 
 /// The sweep for the JSON document: per mode and loss rate the median goodput, its spread,
-/// the ratio to the same mode's lossless median, and the median counters (with retransmitted
-/// packets per injected loss).
+/// the ratio to the same mode's lossless median, the median of the per-round ratios
+/// (`paired_ratio_median`), and the median counters (with retransmitted packets per injected
+/// loss).
 pub(crate) fn summary(points: &[Point]) -> serde_json::Value {
     let sums = summarise(points);
     let rows: Vec<serde_json::Value> = sums
@@ -120,6 +150,7 @@ pub(crate) fn summary(points: &[Point]) -> serde_json::Value {
                 "goodput_min_mib": mib(s.min),
                 "goodput_max_mib": mib(s.max),
                 "ratio_to_lossless": if base > 0.0 { s.median / base } else { 0.0 },
+                "paired_ratio_median": s.paired,
                 "retransmits_per_loss": if dropped > 0.0 { retx / dropped } else { 0.0 },
                 "counters": s.counters,
             })
@@ -139,7 +170,7 @@ pub(crate) fn print_and_plot(out: &Output, args: &PerfArgs) -> Result<(), PerfEr
     say!(" goodput versus loss (each side drops this fraction of the datagrams it sends)");
     say!(
         " mode  loss[%]  rounds  median[MiB/s]  min..max[MiB/s]     ratio to lossless  \
-         retx/loss  timeouts"
+         paired  retx/loss  timeouts"
     );
     for s in &sums {
         let base = lossless(&sums, s.recovery);
@@ -147,13 +178,14 @@ pub(crate) fn print_and_plot(out: &Output, args: &PerfArgs) -> Result<(), PerfEr
         let retx = s.counters["retransmits"].as_f64().unwrap_or(0.0);
         let timeouts = s.counters["timeout_retries"].as_f64().unwrap_or(0.0);
         say!(
-            " {:<4}  {:<7.1}  {:<6}  {:<13.1}  {:<18}  {:<17.2}  {:<9}  {}",
+            " {:<4}  {:<7.1}  {:<6}  {:<13.1}  {:<18}  {:<17.2}  {:<6.2}  {:<9}  {}",
             s.recovery.name(),
             s.loss * 100.0,
             s.rounds,
             mib(s.median),
             format!("{:.1}..{:.1}", mib(s.min), mib(s.max)),
             if base > 0.0 { s.median / base } else { 0.0 },
+            s.paired,
             if dropped > 0.0 {
                 format!("{:.2}", retx / dropped)
             } else {
@@ -261,4 +293,54 @@ fn svg(sums: &[Summary]) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(recovery: RecoveryArg, loss: f64, bytes_per_sec: f64) -> Point {
+        Point {
+            recovery,
+            loss,
+            bytes_per_sec,
+            transport: serde_json::Value::Null,
+        }
+    }
+
+    /// Two rounds, the second on a machine running at half speed: each lossy run is divided
+    /// by the lossless run of its own round and mode.
+    #[test]
+    fn paired_ratio_divides_by_the_lossless_run_of_the_same_round_and_mode() {
+        use RecoveryArg::{Ibta, Sr};
+        let points = [
+            point(Ibta, 0.0, 100.0),
+            point(Ibta, 0.01, 50.0),
+            point(Sr, 0.0, 200.0),
+            point(Sr, 0.01, 180.0),
+            point(Ibta, 0.0, 50.0),
+            point(Ibta, 0.01, 40.0),
+            point(Sr, 0.0, 100.0),
+            point(Sr, 0.01, 95.0),
+        ];
+        assert_eq!(
+            paired_ratios(&points),
+            [1.0, 0.5, 1.0, 0.9, 1.0, 0.8, 1.0, 0.95]
+        );
+        let sums = summarise(&points);
+        let of = |mode: RecoveryArg, loss: f64| {
+            sums.iter()
+                .find(|s| s.recovery == mode && s.loss == loss)
+                .map(|s| (s.median, s.paired))
+        };
+        assert_eq!(of(Ibta, 0.0), Some((75.0, 1.0)));
+        assert_eq!(of(Ibta, 0.01), Some((45.0, 0.65)));
+        assert_eq!(of(Sr, 0.01), Some((137.5, 0.925)));
+    }
+
+    #[test]
+    fn a_run_before_any_lossless_run_of_its_mode_has_no_pair() {
+        let points = [point(RecoveryArg::Sr, 0.01, 10.0)];
+        assert_eq!(paired_ratios(&points), [0.0]);
+    }
 }

@@ -1,7 +1,8 @@
 //! `--sweep-loss`: goodput of a bandwidth test versus the loss rate each side injects, in both
 //! loss-recovery modes (IBTA go-back-N and softverbs' selective repeat), as a table (median of
-//! `--rounds` runs per point, with the spread) and one SVG line plot (written by hand: a few
-//! dozen elements need no plotting crate).
+//! `--rounds` runs per point, with the spread and the ratio to lossless, of medians and
+//! paired by round) and one SVG line plot (written by hand: a few dozen elements need no
+//! plotting crate).
 
 use std::fmt::Write as _;
 

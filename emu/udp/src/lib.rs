@@ -130,5 +130,5 @@ pub use provider::{
     DEFAULT_ADDR, DEFAULT_SOCKET_BUFFER, UdpBuilder, UdpChannel, UdpContext, UdpCq, UdpDevice,
     UdpMr, UdpMw, UdpPd, UdpProvider, UdpQp, UdpSrq,
 };
-pub use runtime::{APP_GRACE, DriverStats, POLL_HANDOFF, RX_BATCH, TX_BATCH};
+pub use runtime::{APP_GRACE, DriverStats, HANDOFF_CHECK_MAX, POLL_HANDOFF, RX_BATCH, TX_BATCH};
 pub use socket::SocketInfo;

@@ -21,7 +21,8 @@
 //! - **Polling application threads**: a `poll_cq` that finds the CQ empty and an MR read
 //!   ([`Core::app_poll`]) run one nonblocking pass (steps 1–4 below) in the caller's thread,
 //!   if no one else holds [`Io`]. While one has polled within [`POLL_HANDOFF`] the thread
-//!   leaves the device to it and sleeps; while an application thread keeps polling, the
+//!   leaves the device to it and sleeps (looking again at doubling intervals, up to
+//!   [`HANDOFF_CHECK_MAX`]); while an application thread keeps polling, the
 //!   socket is out of the thread's poller (no wake-up per datagram). A poll that finds
 //!   completions ([`Core::app_found`]) puts it back, as the application may now stop calling:
 //!   a datagram that arrives then wakes the thread, which moves it itself if it is still
@@ -110,7 +111,8 @@ pub const TX_BATCH: usize = 64;
 /// `read`) within this time, the device's progress runs in the polling threads and the
 /// progress thread sleeps, with the socket out of its poller while they keep polling and in
 /// it once a poll found completions (see [`APP_GRACE`]); after it, the thread takes over
-/// again (and spins in busy-poll mode). An application thread that goes to sleep on a
+/// again (and spins in busy-poll mode) — as soon as it next looks, within
+/// [`HANDOFF_CHECK_MAX`]. An application thread that goes to sleep on a
 /// completion channel of the device hands over at once.
 pub const POLL_HANDOFF: Duration = Duration::from_millis(1);
 /// A datagram that arrives while application threads drive the device (see
@@ -118,6 +120,15 @@ pub const POLL_HANDOFF: Duration = Duration::from_millis(1);
 /// long (it went on to spin on its memory, as `ib_write_lat` does), the thread moves the
 /// datagram itself, at once or as soon as the time has passed.
 pub const APP_GRACE: Duration = Duration::from_micros(10);
+/// While application threads drive the device, the progress thread wakes after
+/// [`POLL_HANDOFF`] to see whether they stopped, and after twice as long each time it finds
+/// them still polling, up to this. Each such wake-up lands on a CPU that a spinning
+/// application thread holds and costs it two context switches: at one per millisecond that
+/// was about one 8-byte `write_lat` round trip in 80 per process, enough to set the p99. So an
+/// application that stops calling the library without sleeping on a completion channel (and
+/// without a poll that found completions, which hands arrivals back to the thread at once) is
+/// taken over within this time rather than within [`POLL_HANDOFF`].
+pub const HANDOFF_CHECK_MAX: Duration = Duration::from_millis(8);
 /// The longest the progress thread sleeps while traffic moves (a pass, or a verbs call, sent
 /// or received something since it last parked): a timer a verbs call arms further away than
 /// this needs no doorbell. Once a whole tick passes without traffic the thread sleeps until
@@ -836,6 +847,8 @@ impl Progress {
         // Skip the receive call of a pass that only re-runs for a command (the socket was
         // drained by the pass before, and a datagram since then is a new poller event).
         let mut skip_rx = false;
+        // How long the next check on polling application threads sleeps at least.
+        let mut check = POLL_HANDOFF;
         while !core.is_stopped() {
             bump(&core.stats.wakeups, 1);
             core.parked.store(false, Ordering::SeqCst);
@@ -850,8 +863,9 @@ impl Progress {
                 // a park, or the last wait here) is covered before it sleeps again.
                 if !self.socket_ready() {
                     core.deferring.store(true, Ordering::Release);
-                    self.wait(Some(left));
+                    self.wait(Some(left.max(check)));
                     core.deferring.store(false, Ordering::Release);
+                    check = check.saturating_mul(2).min(HANDOFF_CHECK_MAX);
                 }
                 if self.socket_ready() {
                     self.events.clear();
@@ -861,6 +875,7 @@ impl Progress {
                 }
                 continue;
             }
+            check = POLL_HANDOFF;
             if core.busy_poll() {
                 skip_rx = false;
                 let alive = self.with_io(|io| {

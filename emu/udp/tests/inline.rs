@@ -313,3 +313,25 @@ fn posting_receives_sends_nothing_and_rings_nothing() {
         assert_eq!(spin_wc(&a).wr_id, u64::from(n), "SEND {n} acknowledged");
     }
 }
+
+/// While an application thread keeps polling, the progress thread looks whether it stopped
+/// after `POLL_HANDOFF`, then at doubling intervals up to `HANDOFF_CHECK_MAX`: each look is a
+/// wake-up on a CPU the polling thread holds. 100 ms of polling an empty CQ took about 100
+/// wake-ups at a fixed 1 ms; with the doubling, 1 + 2 + 4 + 8 + 8 + … ms, about 15 (a loaded
+/// machine wakes the thread later, not more often).
+#[test]
+fn a_polling_application_is_checked_on_at_doubling_intervals() {
+    let p = provider(&["127.0.0.115:0", "127.0.0.116:0"]);
+    let (a, _b) = pair(&p, &RcConnectOptions::default());
+    let mut wc = [WorkCompletion::default()];
+    // The first poll takes the device; the thread's next wake-up sees it driven.
+    assert_eq!(a.cq.poll(&mut wc).unwrap(), 0);
+    let before = a.ctx.driver_stats().wakeups;
+    let start = Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(100) {
+        assert_eq!(a.cq.poll(&mut wc).unwrap(), 0);
+    }
+    let wakeups = a.ctx.driver_stats().wakeups - before;
+    assert!(wakeups <= 30, "{wakeups} wake-ups in 100 ms of polling");
+    p.shutdown();
+}

@@ -88,9 +88,9 @@
 //! opt-in because Linux numbers the IPv4 identification of GSO segments 0, 1, 2, … while the
 //! ICRC assumes 0: softverbs peers never see the field, RoCEv2 NICs and rxe drop every segment
 //! after the first (see [`UdpBuilder::gso`]). [`UdpDevice::socket_info`] reports what is in
-//! use; [`DriverStats`] counts system calls, GSO sends and GRO buffers. Socket setup and the
-//! GSO/GRO control messages come from the `quinn-udp` crate; IPv4 DF (`IP_PMTUDISC_DO`) is
-//! forced as before.
+//! use; [`DriverStats`] counts system calls, GSO sends and GRO buffers. Socket setup, the GSO
+//! control message and the `recvmmsg` headers (built once per socket) are the driver's own, on
+//! libc; IPv4 DF (`IP_PMTUDISC_DO`) is forced as before.
 //!
 //! # What the driver checks
 //!
@@ -102,8 +102,7 @@
 //!
 //! # Not done yet
 //!
-//! `sendmmsg`: without GSO every datagram costs one `send_to` (neither `quinn-udp`, which
-//! sends one buffer per `sendmsg`, nor socket2 0.5 offers `sendmmsg`; rustix does, safely). GSO on by
+//! `sendmmsg`: without GSO every datagram costs one `send_to`. GSO on by
 //! default: it would need either peers that ignore the IPv4 identification or the kernel not
 //! renumbering segments. Segmentation-aware captures on `lo`: a packet tap there sees a GSO
 //! send as one frame (the driver's own capture is per packet).

@@ -42,8 +42,8 @@
 //!
 //! # One pass
 //!
-//! 1. receive up to [`RX_BATCH`] datagrams: `recvmmsg` through `quinn-udp` (up to
-//!    [`quinn_udp::BATCH_SIZE`] buffers per call) until `WouldBlock`; with `UDP_GRO` a buffer
+//! 1. receive up to [`RX_BATCH`] datagrams: `recvmmsg` (up to [`RECV_BATCH`] buffers per
+//!    call, headers built once: [`RecvArea`]) until `WouldBlock`; with `UDP_GRO` a buffer
 //!    may hold several datagrams of one flow, split at the segment size the kernel reports;
 //! 2. without the device lock: pass each received datagram through the receive-side fault
 //!    stage (datagrams it passes unchanged stay in the receive buffer; the others are copied
@@ -81,7 +81,7 @@
 //! on the next pass; the receive-side fault stage does not see them.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind as IoKind, IoSlice, IoSliceMut};
+use std::io::{ErrorKind as IoKind, IoSlice};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -92,12 +92,11 @@ use emu_device::{DeviceMemory, DeviceState, MrAddresses};
 use emu_proto::{Hca, HcaConfig, Instant, PacketClass};
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
-use quinn_udp::{RecvMeta, UdpSocketState};
 use verbs_api::{Error, ErrorKind, Result};
 
 use crate::capture::{Capture, wall_clock};
 use crate::fault::{Datagram, Direction, FaultConfig, FaultStage, Pool};
-use crate::socket::{Bound, SocketInfo};
+use crate::socket::{Bound, RECV_BATCH, RecvArea, SocketInfo};
 use crate::timer::Timer;
 
 /// Datagrams received per pass at most (the bound on work per wake-up). Each receive call
@@ -426,8 +425,10 @@ impl Core {
     /// thread holds the socket side (then it returns at once).
     pub(crate) fn app_poll(&self) {
         self.posting.store(false, Ordering::Relaxed);
-        let at = clock(self.epoch).as_nanos().max(1);
-        self.app_poll.store(at, Ordering::Release);
+        // One clock read serves the hand-off's timestamp and the pass.
+        let now = self.now();
+        self.app_poll
+            .store(now.as_nanos().max(1), Ordering::Release);
         let Some(mut guard) = self.try_io() else {
             return;
         };
@@ -442,7 +443,7 @@ impl Core {
             self.socket_in(io, false);
         }
         let release = self.release_held.swap(false, Ordering::AcqRel);
-        io.pass(self, release, true, true);
+        io.pass(self, now, release, true, true);
     }
 
     /// An application thread's poll found completions: it may stop polling now (and, say,
@@ -601,7 +602,6 @@ impl Runtime {
         let Bound {
             mut socket,
             peek,
-            state,
             info,
         } = bound;
         let name = config.name.clone();
@@ -631,10 +631,8 @@ impl Runtime {
             socket,
             gso: info.gso_enabled,
             gso_segments: info.gso_segments.clamp(1, GSO_MAX_SEGMENTS),
-            state,
-            rx_buf_len,
             // Zeroed memory is mapped lazily: untouched buffer pages cost nothing.
-            rx: vec![0; RX_BUFS * rx_buf_len],
+            rx: RecvArea::new(RX_BUFS, rx_buf_len),
             rx_meta: Vec::with_capacity(RX_BATCH),
             feed: Vec::with_capacity(RX_BATCH),
             rx_owned: VecDeque::new(),
@@ -791,16 +789,13 @@ pub(crate) struct Io {
     /// Writability is (or, once registered again, will be) asked for.
     writable_armed: bool,
     socket: UdpSocket,
-    /// Batched I/O (`recvmmsg`, GSO); `None` falls back to `recv_from`/`send_to`.
-    state: Option<UdpSocketState>,
     /// Coalesce runs into GSO sends.
     gso: bool,
     /// Datagrams per GSO send at most.
     gso_segments: usize,
     local: SocketAddr,
-    /// The receive area: [`RX_BUFS`] buffers of `rx_buf_len` bytes.
-    rx: Vec<u8>,
-    rx_buf_len: usize,
+    /// The receive area: [`RX_BUFS`] buffers.
+    rx: RecvArea,
     /// What each filled receive buffer of the current batch holds.
     rx_meta: Vec<RxMeta>,
     /// Received datagrams to hand to the engine this pass, in order.
@@ -880,7 +875,7 @@ impl Progress {
                 skip_rx = false;
                 let alive = self.with_io(|io| {
                     let release = core.release_held.swap(false, Ordering::AcqRel);
-                    io.pass(&core, release, true, false);
+                    io.pass(&core, core.now(), release, true, false);
                 });
                 if alive.is_none() {
                     break;
@@ -895,7 +890,7 @@ impl Progress {
                 };
                 core.socket_in(io, true);
                 let release = core.release_held.swap(false, Ordering::AcqRel);
-                let pass = io.pass(&core, release, !skip_rx, false);
+                let pass = io.pass(&core, core.now(), release, !skip_rx, false);
                 skip_rx = false;
                 if pass.more {
                     (Some(Duration::ZERO), None)
@@ -966,7 +961,7 @@ impl Progress {
                     bump(&core.stats.covered, 1);
                     loop {
                         let release = core.release_held.swap(false, Ordering::AcqRel);
-                        if !io.pass(core, release, true, false).more {
+                        if !io.pass(core, core.now(), release, true, false).more {
                             return Some(());
                         }
                     }
@@ -1014,7 +1009,8 @@ impl Progress {
 
 impl Io {
     /// One pass: receive (if `receive`), the receive-side faults, the engine (datagrams,
-    /// timers, up to [`TX_BATCH`] packets out), delivery, the send-side faults and the socket.
+    /// timers, up to [`TX_BATCH`] packets out), delivery, the send-side faults and the socket,
+    /// all at engine time `now` ([`Core::now`], read once by the caller before the pass).
     /// `release` delivers every held datagram of both directions.
     ///
     /// `hold_acks` (a pass run by an application thread that polls): if everything the engine
@@ -1023,20 +1019,26 @@ impl Io {
     /// next request leaves before them (see [`Io::release_acks`]). ACKs held by an earlier
     /// pass always go out in this one, first: an ACK waits one call at most (or, if the
     /// application stops calling, until the progress thread takes over).
-    fn pass(&mut self, core: &Core, release: bool, receive: bool, hold_acks: bool) -> Pass {
+    fn pass(
+        &mut self,
+        core: &Core,
+        now: Instant,
+        release: bool,
+        receive: bool,
+        hold_acks: bool,
+    ) -> Pass {
         self.refresh_capture(core);
         let held_before = !self.held_acks.is_empty();
         self.staged.append(&mut self.held_acks);
         let rx_more = receive && self.receive(&core.stats);
-        self.ingest(core, clock(core.epoch), release);
+        self.ingest(core, now, release);
         let received = !self.feed.is_empty() || !self.self_rx.is_empty();
         let mut st = core.lock();
-        let now = core.now();
         let DeviceState { hca, mem, .. } = &mut *st;
         for item in self.feed.drain(..) {
             match item {
                 Feed::Slice { start, len, src } => {
-                    if let Some(bytes) = self.rx.get(start..start + len) {
+                    if let Some(bytes) = self.rx.bytes().get(start..start + len) {
                         hca.handle_datagram(now, src, bytes, mem);
                     }
                 }
@@ -1185,75 +1187,38 @@ impl Io {
     /// in them (never split); true if the batch filled (more may be waiting).
     fn receive(&mut self, stats: &AtomicStats) -> bool {
         self.rx_meta.clear();
-        let buf_len = self.rx_buf_len;
+        let buf_len = self.rx.buf_len();
         let mut datagrams = 0;
         while datagrams < RX_BATCH && self.rx_meta.len() < RX_BUFS {
             let used = self.rx_meta.len();
-            let Some(free) = self.rx.get_mut(used * buf_len..) else {
-                break;
-            };
             bump(&stats.recv_syscalls, 1);
-            let Some(state) = &self.state else {
-                // Fallback: one datagram per call.
-                let Some(buf) = free.get_mut(..buf_len) else {
-                    break;
-                };
-                match self.socket.recv_from(buf) {
-                    Ok((len, src)) => {
-                        self.rx_meta.push(RxMeta {
-                            start: used * buf_len,
-                            len,
-                            stride: len,
-                            src,
-                        });
-                        datagrams += 1;
-                        bump(&stats.datagrams_received, 1);
-                        bump(&stats.bytes_received, len as u64);
-                        continue;
-                    }
-                    Err(e) if e.kind() == IoKind::WouldBlock => return false,
-                    Err(e) if e.kind() == IoKind::Interrupted => continue,
-                    Err(_) => {
-                        bump(&stats.recv_errors, 1);
-                        return false;
-                    }
-                }
-            };
-            let mut chunks = free.chunks_exact_mut(buf_len);
-            let mut iovs: [IoSliceMut<'_>; quinn_udp::BATCH_SIZE] =
-                std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
             // Without GRO one buffer is one datagram: never ask for more than the batch needs.
-            let count = (RX_BUFS - used)
-                .min(RX_BATCH - datagrams)
-                .min(quinn_udp::BATCH_SIZE);
-            let mut metas = [RecvMeta::default(); quinn_udp::BATCH_SIZE];
-            let (Some(iovs), Some(metas_out)) = (iovs.get_mut(..count), metas.get_mut(..count))
-            else {
-                break;
-            };
-            match state.recv((&self.socket).into(), iovs, metas_out) {
-                Ok(n) => {
-                    for (i, m) in metas_out.iter().take(n).enumerate() {
-                        let meta = RxMeta {
-                            start: (used + i) * buf_len,
-                            len: m.len.min(buf_len),
-                            stride: if m.stride == 0 { m.len } else { m.stride },
-                            src: m.addr,
-                        };
-                        let segments = meta.segments().count();
-                        if segments > 1 {
-                            bump(&stats.gro_receives, 1);
-                        }
-                        datagrams += segments;
-                        bump(&stats.datagrams_received, segments as u64);
-                        bump(&stats.bytes_received, meta.len as u64);
-                        self.rx_meta.push(meta);
-                    }
-                    if n < count {
-                        // The socket had no more.
-                        return false;
-                    }
+            let count = (RX_BUFS - used).min(RX_BATCH - datagrams).min(RECV_BATCH);
+            let rx_meta = &mut self.rx_meta;
+            let each = |i: usize, len, stride, src: Option<SocketAddr>| {
+                let Some(src) = src else {
+                    bump(&stats.recv_errors, 1);
+                    return;
+                };
+                let meta = RxMeta {
+                    start: i * buf_len,
+                    len,
+                    stride,
+                    src,
+                };
+                let segments = meta.segments().count();
+                if segments > 1 {
+                    bump(&stats.gro_receives, 1);
                 }
+                datagrams += segments;
+                bump(&stats.datagrams_received, segments as u64);
+                bump(&stats.bytes_received, len as u64);
+                rx_meta.push(meta);
+            };
+            match self.rx.recv(&self.socket, used, count, each) {
+                // Fewer than asked for: the socket had no more.
+                Ok(n) if n < count => return false,
+                Ok(_) => {}
                 Err(e) if e.kind() == IoKind::WouldBlock => return false,
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(_) => {
@@ -1281,7 +1246,7 @@ impl Io {
         let mut captured = 0;
         for m in &self.rx_meta {
             for (start, len) in m.segments() {
-                let Some(bytes) = self.rx.get(start..start + len) else {
+                let Some(bytes) = self.rx.bytes().get(start..start + len) else {
                     continue;
                 };
                 if let Some(w) = writer.as_mut() {
@@ -1337,9 +1302,10 @@ impl Io {
                 }
                 continue;
             }
-            let run = match &self.state {
-                Some(_) if self.gso => gso_run(&self.out, self.gso_segments, GSO_MAX_BYTES),
-                _ => 1,
+            let run = if self.gso {
+                gso_run(&self.out, self.gso_segments, GSO_MAX_BYTES)
+            } else {
+                1
             };
             let (dst, seg) = (p.peer, p.len);
             bump(&stats.send_syscalls, 1);

@@ -1,21 +1,25 @@
 //! The device's UDP socket: bound with socket2, buffers raised toward the system maximum,
-//! nonblocking, set up for batched I/O by `quinn-udp` (UDP GSO/GRO, `recvmmsg`), handed to
-//! mio.
+//! nonblocking, set up for batched I/O (UDP GSO and GRO, `recvmmsg`), handed to mio.
 //!
-//! `quinn-udp` sets the socket options and control messages of segmentation offload safely:
-//! [`quinn_udp::UdpSocketState::new`] turns `UDP_GRO` on where the kernel has it and probes
-//! `UDP_SEGMENT`; its `recv` reads up to [`quinn_udp::BATCH_SIZE`] buffers per `recvmmsg` and
-//! reports each buffer's segment size. A GSO send is ours ([`send_gso`]): one `sendmsg` with
-//! an iovec per datagram, so a run goes out from the datagrams' own buffers without first
-//! being copied into one. If the state cannot be set up the socket falls back to
-//! `recv_from`/`send_to`, one datagram per system call.
+//! Batched I/O is ours, on libc: `UDP_GRO` turned on where the kernel has it and `UDP_SEGMENT`
+//! probed at bind; a GSO send ([`send_gso`]) is one `sendmsg` with an iovec per datagram, so a
+//! run goes out from the datagrams' own buffers without first being copied into one; a
+//! receive ([`RecvArea::recv`]) is one `recvmmsg` into headers built once per socket, so a
+//! poll that finds the socket empty costs the system call alone (quinn-udp, used before,
+//! zeroed and rebuilt 32 headers per call and turned on two control messages per datagram
+//! that nothing read). This is not a general UDP library: it does what the runtime needs on
+//! Linux, and nothing for other systems.
 
 use std::io::{self, IoSlice};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::AsRawFd;
 
-use quinn_udp::UdpSocketState;
 use socket2::{Domain, Protocol, Socket, Type};
+
+/// Buffers one `recvmmsg` call fills at most.
+pub(crate) const RECV_BATCH: usize = 32;
+/// Datagrams one GSO send may carry (`UDP_MAX_SEGMENTS` in linux/udp.h).
+const UDP_MAX_SEGMENTS: usize = 64;
 
 /// What the kernel granted a device's socket, read back after setting it up, and the batching
 /// strategy in use.
@@ -50,8 +54,7 @@ pub struct SocketInfo {
     /// Whether `UDP_GRO` is on: the kernel may hand over several datagrams of one flow in one
     /// read, which the driver splits at the segment size the kernel reports.
     pub gro_enabled: bool,
-    /// Receive buffers filled per receive system call: [`quinn_udp::BATCH_SIZE`] with
-    /// `recvmmsg`, 1 on the `recv_from` fallback.
+    /// Receive buffers one receive system call (`recvmmsg`) fills at most.
     pub recv_batch: usize,
 }
 
@@ -69,15 +72,13 @@ pub(crate) struct Options {
     pub(crate) no_check: bool,
 }
 
-/// A bound socket and its batching state.
+/// A bound socket and what it was granted.
 #[derive(Debug)]
 pub(crate) struct Bound {
     pub(crate) socket: mio::net::UdpSocket,
     /// The same socket (a duplicated descriptor, nonblocking too), for the progress thread to
     /// see whether a datagram is still waiting without taking the socket side.
     pub(crate) peek: std::net::UdpSocket,
-    /// `None`: batching could not be set up; plain `recv_from`/`send_to`.
-    pub(crate) state: Option<UdpSocketState>,
     pub(crate) info: SocketInfo,
 }
 
@@ -97,14 +98,15 @@ pub(crate) fn bind(addr: SocketAddr, opts: &Options) -> io::Result<Bound> {
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("bound socket has no IP address"))?;
-    // Turns UDP_GRO on and probes UDP_SEGMENT; it also sets IP_MTU_DISCOVER to
-    // IP_PMTUDISC_PROBE, which the DF setting below replaces.
-    let state = UdpSocketState::new((&socket).into()).ok();
-    let mut gro_enabled = state.as_ref().is_some_and(|s| s.gro_segments() > 1);
-    if gro_enabled && !opts.gro {
-        gro_enabled = set_int(&socket, libc::SOL_UDP, libc::UDP_GRO, 0).is_err();
-    }
-    let gso_segments = state.as_ref().map_or(1, |s| s.max_gso_segments());
+    let gro_enabled = opts.gro && set_int(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+    // A kernel with UDP GSO (Linux 4.18) takes a socket-wide segment size; it is set back to
+    // 0 at once, as every GSO send carries its own in a control message.
+    let gso_segments = if set_int(&socket, libc::SOL_UDP, libc::UDP_SEGMENT, 1500).is_ok() {
+        let _ = set_int(&socket, libc::SOL_UDP, libc::UDP_SEGMENT, 0);
+        UDP_MAX_SEGMENTS
+    } else {
+        1
+    };
     let dont_fragment_forced = if addr.is_ipv4() {
         set_int(
             &socket,
@@ -137,24 +139,19 @@ pub(crate) fn bind(addr: SocketAddr, opts: &Options) -> io::Result<Bound> {
         gso_segments,
         gso_enabled: opts.gso && gso_segments > 1,
         gro_enabled,
-        recv_batch: if state.is_some() {
-            quinn_udp::BATCH_SIZE
-        } else {
-            1
-        },
+        recv_batch: RECV_BATCH,
     };
     let peek: std::net::UdpSocket = socket.try_clone()?.into();
     let std_socket: std::net::UdpSocket = socket.into();
     Ok(Bound {
         socket: mio::net::UdpSocket::from_std(std_socket),
         peek,
-        state,
         info,
     })
 }
 
 /// Sets an integer socket option that socket2 0.5 has no setter for (`IP_MTU_DISCOVER`,
-/// `IPV6_MTU_DISCOVER`, `UDP_GRO`).
+/// `IPV6_MTU_DISCOVER`, `UDP_GRO`, `UDP_SEGMENT`).
 #[allow(unsafe_code)]
 fn set_int(
     socket: &Socket,
@@ -246,6 +243,216 @@ const _: () = assert!(
         && unsafe { libc::CMSG_SPACE(2) } as usize == size_of::<SegmentCmsg>()
 );
 
+/// Control-message room per receive buffer: the `UDP_GRO` segment size (`CMSG_SPACE(4)`, 24
+/// bytes on 64-bit Linux) and room for one more the kernel might add; a control message that
+/// does not fit is cut off (`MSG_CTRUNC`), and `UDP_GRO`'s comes first.
+const CTRL_LEN: usize = 64;
+
+/// One buffer's control-message room, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+#[derive(Copy, Clone)]
+struct Ctrl([u8; CTRL_LEN]);
+
+/// A socket's receive area: `count` buffers of `len` bytes and, for each, the `mmsghdr` that
+/// `recvmmsg` fills, with its source-address slot, iovec and control room, all built once.
+/// The kernel writes a header's `msg_len`, `msg_namelen`, `msg_controllen` and `msg_flags`
+/// only for the datagrams it returns, and [`recv`](Self::recv) re-arms exactly those, so a
+/// call that finds the socket empty touches no header at all.
+pub(crate) struct RecvArea {
+    buf: Box<[u8]>,
+    buf_len: usize,
+    hdrs: Box<[libc::mmsghdr]>,
+    names: Box<[libc::sockaddr_storage]>,
+    ctrls: Box<[Ctrl]>,
+    iovs: Box<[libc::iovec]>,
+}
+
+// SAFETY: the raw pointers in `hdrs` and `iovs` point only into this area's own heap
+// allocations (`buf`, `names`, `ctrls`, `iovs`), which move with it and are reached only
+// through `&mut self` (the kernel writes through them during `recv`) or `&self` (reads after
+// it): sending the area to another thread sends its exclusive access with it.
+#[allow(unsafe_code)]
+unsafe impl Send for RecvArea {}
+
+impl std::fmt::Debug for RecvArea {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvArea")
+            .field("buffers", &self.hdrs.len())
+            .field("buf_len", &self.buf_len)
+            .finish()
+    }
+}
+
+impl RecvArea {
+    /// `count` buffers of `len` bytes each (zeroed memory, mapped as the kernel first writes it).
+    #[allow(unsafe_code)]
+    pub(crate) fn new(count: usize, len: usize) -> RecvArea {
+        // SAFETY: `mmsghdr` is plain integers and pointers, for which all-zero bytes (null
+        // pointers) are a valid value.
+        let hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `sockaddr_storage` is plain integers.
+        let name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let iov = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let mut area = RecvArea {
+            buf: vec![0; count * len].into_boxed_slice(),
+            buf_len: len,
+            hdrs: vec![hdr; count].into_boxed_slice(),
+            names: vec![name; count].into_boxed_slice(),
+            ctrls: vec![Ctrl([0; CTRL_LEN]); count].into_boxed_slice(),
+            iovs: vec![iov; count].into_boxed_slice(),
+        };
+        let RecvArea {
+            buf,
+            hdrs,
+            names,
+            ctrls,
+            iovs,
+            ..
+        } = &mut area;
+        let chunks = buf.chunks_exact_mut(len.max(1));
+        let parts = hdrs.iter_mut().zip(names.iter_mut()).zip(ctrls.iter_mut());
+        for (((h, name), ctrl), (iov, chunk)) in parts.zip(iovs.iter_mut().zip(chunks)) {
+            iov.iov_base = chunk.as_mut_ptr().cast();
+            iov.iov_len = chunk.len();
+            h.msg_hdr.msg_name = std::ptr::from_mut(name).cast();
+            h.msg_hdr.msg_iov = std::ptr::from_mut(iov);
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = ctrl.0.as_mut_ptr().cast();
+            rearm(h);
+        }
+        area
+    }
+
+    /// The bytes of every buffer, back to back (buffer `i` at `i * buf_len`).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    pub(crate) fn buf_len(&self) -> usize {
+        self.buf_len
+    }
+
+    /// Reads into buffers `first..first + count` (at most [`RECV_BATCH`] of them) with one
+    /// nonblocking `recvmmsg` and calls `each(buffer, len, stride, source)` for every buffer it
+    /// filled, in order: `len` bytes (cut at the buffer's length), datagrams of `stride` bytes
+    /// each under GRO (the last may be shorter; `stride == len` otherwise), `source` `None` if
+    /// the kernel reported no IP address. Returns how many buffers were filled; `WouldBlock`
+    /// if none.
+    pub(crate) fn recv(
+        &mut self,
+        socket: &impl AsRawFd,
+        first: usize,
+        count: usize,
+        mut each: impl FnMut(usize, usize, usize, Option<SocketAddr>),
+    ) -> io::Result<usize> {
+        let count = count.min(RECV_BATCH);
+        let RecvArea {
+            buf_len,
+            hdrs,
+            names,
+            ctrls,
+            ..
+        } = self;
+        let hdrs = first
+            .checked_add(count)
+            .and_then(|end| hdrs.get_mut(first..end))
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let vlen = libc::c_uint::try_from(hdrs.len())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: the fd is an open socket borrowed for the whole call; `hdrs` holds `vlen`
+        // headers, each pointing at its own live name slot, iovec (over its own buffer, of
+        // the length it was built with) and control room, sized as the header says; all of
+        // them are exclusively borrowed here, so the kernel's writes race with nothing.
+        #[allow(unsafe_code)]
+        let n = unsafe {
+            libc::recvmmsg(
+                socket.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                vlen,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+        for (k, h) in hdrs.iter_mut().take(n).enumerate() {
+            let i = first + k;
+            let len = (h.msg_len as usize).min(*buf_len);
+            // `socklen_t` on musl, `size_t` on glibc.
+            #[allow(clippy::unnecessary_cast)]
+            let ctrl_len = (h.msg_hdr.msg_controllen as usize).min(CTRL_LEN);
+            let stride = ctrls
+                .get(i)
+                .and_then(|c| gro_segment_size(&c.0[..ctrl_len]))
+                .unwrap_or(len);
+            let src = names.get(i).and_then(socket_addr);
+            rearm(h);
+            each(i, len, stride, src);
+        }
+        Ok(n)
+    }
+}
+
+/// Restores what `recvmmsg` writes into a header it filled.
+fn rearm(h: &mut libc::mmsghdr) {
+    h.msg_len = 0;
+    h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    h.msg_hdr.msg_controllen = CTRL_LEN as _;
+    h.msg_hdr.msg_flags = 0;
+}
+
+/// The `UDP_GRO` segment size among the control messages `ctrl` holds (as `recvmsg` wrote
+/// them: each a `cmsghdr`, its data, padding to `size_t`), if there is one.
+fn gro_segment_size(ctrl: &[u8]) -> Option<usize> {
+    const HDR: usize = size_of::<libc::cmsghdr>();
+    let align = |n: usize| n.next_multiple_of(size_of::<usize>());
+    let mut off = 0;
+    while off + HDR <= ctrl.len() {
+        let at = ctrl.get(off..off + HDR)?;
+        // SAFETY: `at` is `HDR` readable bytes; `cmsghdr` is plain integers, valid for any
+        // bytes, and `read_unaligned` needs no alignment.
+        #[allow(unsafe_code)]
+        let hdr = unsafe { std::ptr::read_unaligned(at.as_ptr().cast::<libc::cmsghdr>()) };
+        let len = hdr.cmsg_len as usize;
+        if len < HDR {
+            return None;
+        }
+        if hdr.cmsg_level == libc::SOL_UDP && hdr.cmsg_type == libc::UDP_GRO {
+            let data = ctrl.get(off + HDR..off + HDR + 4)?;
+            let size = i32::from_ne_bytes(data.try_into().ok()?);
+            return usize::try_from(size).ok().filter(|&s| s > 0);
+        }
+        off += align(len);
+    }
+    None
+}
+
+/// The address `recvmsg` wrote into `name`, if it is IPv4 or IPv6.
+fn socket_addr(name: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    let at = std::ptr::from_ref(name);
+    match libc::c_int::from(name.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a `sockaddr_in`, which it is large
+            // and aligned enough for; it is plain integers.
+            #[allow(unsafe_code)]
+            let a = unsafe { &*at.cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddrV4::new(ip, u16::from_be(a.sin_port)).into())
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for `sockaddr_in6`.
+            #[allow(unsafe_code)]
+            let a = unsafe { &*at.cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            let port = u16::from_be(a.sin6_port);
+            Some(SocketAddrV6::new(ip, port, a.sin6_flowinfo, a.sin6_scope_id).into())
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -319,6 +526,75 @@ mod tests {
             return;
         };
         send_and_check(&tx, &receiver("[::1]:0"));
+    }
+
+    /// Everything the area read since the last call, split into datagrams at each buffer's
+    /// stride, with its source.
+    fn drain(area: &mut RecvArea, sock: &Bound) -> Vec<(Vec<u8>, SocketAddr)> {
+        let mut got = Vec::new();
+        loop {
+            let mut filled = Vec::new();
+            let r = area.recv(&sock.socket, 0, 4, |i, len, stride, src| {
+                filled.push((i, len, stride, src.unwrap()));
+            });
+            match r {
+                Ok(n) => assert_eq!(n, filled.len()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return got,
+                Err(e) => panic!("{e}"),
+            }
+            for (i, len, stride, src) in filled {
+                let bytes = &area.bytes()[i * area.buf_len()..][..len];
+                got.extend(bytes.chunks(stride.max(1)).map(|d| (d.to_vec(), src)));
+            }
+        }
+    }
+
+    /// The receive area reads GSO runs (as GRO batches where the kernel keeps them whole)
+    /// and single datagrams, reports each source, re-arms its headers for the next call, and
+    /// cuts a datagram longer than its buffer; on IPv4 and IPv6.
+    #[test]
+    fn the_receive_area_reads_batches_and_single_datagrams() {
+        for (addr, v6) in [("127.0.0.1:0", false), ("[::1]:0", true)] {
+            let Some(tx) = sender(addr, false) else {
+                continue;
+            };
+            let opts = Options {
+                buffer: 1 << 20,
+                gso: false,
+                gro: true,
+                no_check: false,
+            };
+            let Ok(rx) = bind(addr.parse().unwrap(), &opts) else {
+                assert!(v6, "binding {addr}");
+                eprintln!("SKIP: no IPv6 loopback");
+                continue;
+            };
+            let to = rx.info.local_addr;
+            let from = tx.info.local_addr;
+            let mut area = RecvArea::new(4, 8192);
+            for round in 0..3 {
+                // Odd rounds put the batch into a buffer whose header a single datagram (no
+                // control message) filled last.
+                let run = run();
+                let iov: Vec<IoSlice<'_>> = run.iter().map(|d| IoSlice::new(d)).collect();
+                let singles = [vec![round; 100], vec![7; 200], vec![8; 9000]];
+                let mut want: Vec<Vec<u8>> = Vec::new();
+                if round % 2 == 1 {
+                    tx.socket.send_to(&singles[0], to).unwrap();
+                    want.push(singles[0].clone());
+                }
+                send_gso(&tx.socket, to, &iov, 1000).unwrap();
+                want.extend(run);
+                for d in &singles[usize::from(round % 2 == 1)..] {
+                    tx.socket.send_to(d, to).unwrap();
+                    want.push(d[..d.len().min(8192)].to_vec());
+                }
+                let got = drain(&mut area, &rx);
+                let bytes: Vec<Vec<u8>> = got.iter().map(|(d, _)| d.clone()).collect();
+                assert_eq!(bytes, want, "{addr}, round {round}");
+                assert!(got.iter().all(|(_, src)| *src == from), "{addr}: {got:?}");
+            }
+        }
     }
 
     /// `SO_NO_CHECK` makes the kernel refuse GSO: the error the runtime turns GSO off on.

@@ -126,8 +126,8 @@ mod timer;
 
 pub use fault::UNKNOWN_NODE;
 pub use provider::{
-    DEFAULT_ADDR, DEFAULT_SOCKET_BUFFER, UdpBuilder, UdpChannel, UdpContext, UdpCq, UdpDevice,
-    UdpMr, UdpMw, UdpPd, UdpProvider, UdpQp, UdpSrq,
+    CHANNEL_SPIN, CHANNEL_SPIN_IDLE, DEFAULT_ADDR, DEFAULT_SOCKET_BUFFER, UdpBuilder, UdpChannel,
+    UdpContext, UdpCq, UdpDevice, UdpMr, UdpMw, UdpPd, UdpProvider, UdpQp, UdpSrq,
 };
 pub use runtime::{APP_GRACE, DriverStats, HANDOFF_CHECK_MAX, POLL_HANDOFF, RX_BATCH, TX_BATCH};
 pub use socket::SocketInfo;

@@ -13,8 +13,8 @@ use common::*;
 use emu_fault::{FaultPlan, drop, duplicate};
 use emu_udp::{UdpMr, UdpProvider};
 use verbs_api::{
-    CompletionQueue, MemoryRegion, QueuePair, RcConnectOptions, RecvWr, SendFlags, SendOp, SendWr,
-    WcOpcode, WcStatus, WorkCompletion,
+    CompletionChannel, CompletionQueue, MemoryRegion, QueuePair, RcConnectOptions, RecvWr,
+    SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 fn temp(name: &str) -> PathBuf {
@@ -333,5 +333,36 @@ fn a_polling_application_is_checked_on_at_doubling_intervals() {
     }
     let wakeups = a.ctx.driver_stats().wakeups - before;
     assert!(wakeups <= 30, "{wakeups} wake-ups in 100 ms of polling");
+    p.shutdown();
+}
+
+/// A thread waiting on a completion channel first drives its device itself (up to
+/// `CHANNEL_SPIN`): the SEND it waits for is received, completed and signalled in its own
+/// thread instead of the progress thread's, which then had to wake it.
+#[test]
+fn a_thread_waiting_on_a_channel_moves_its_own_traffic() {
+    let p = provider(&["127.0.0.117:0", "127.0.0.118:0"]);
+    let (a, b) = pair(&p, &RcConnectOptions::default());
+    let dst = b.mr(64);
+    const N: u64 = 100;
+    let before = b.ctx.driver_stats();
+    for i in 0..N {
+        b.qp.post_recv(&[RecvWr::new(i, &[dst.sge(0, 64).unwrap()])])
+            .unwrap();
+        b.cq.req_notify(false).unwrap();
+        a.qp.post_send(&[SendWr::inline(i, SendOp::Send, &[i as u8; 8])])
+            .unwrap();
+        let event = b.ch.wait_cq_event(Some(std::time::Duration::from_secs(10)));
+        assert!(event.unwrap().is_some(), "no event for SEND {i}");
+        b.cq.ack_events(1);
+        let mut wc = [WorkCompletion::default()];
+        assert_eq!(b.cq.poll(&mut wc).unwrap(), 1, "SEND {i}");
+        assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, i));
+    }
+    // Every wait ran passes in the waiting thread (without the spin: none, the progress
+    // thread moved every SEND and woke the waiter).
+    let after = b.ctx.driver_stats();
+    let passes = after.app_passes - before.app_passes;
+    assert!(passes >= N, "{passes} passes in {N} waits: {after:?}");
     p.shutdown();
 }

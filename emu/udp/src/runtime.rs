@@ -28,13 +28,15 @@
 //!   a datagram that arrives then wakes the thread, which moves it itself if it is still
 //!   unread and no application thread has polled for [`APP_GRACE`] ([`Progress::cover`]: the
 //!   application went on to spin on its memory without calling the library, as
-//!   `ib_write_lat` does). A thread about to sleep on a completion channel hands the device
-//!   back at once ([`Core::app_sleeps`]).
+//!   `ib_write_lat` does). A thread about to sleep on a completion channel first drives the
+//!   device itself for a while (`CHANNEL_SPIN` in the provider), then hands it back at once
+//!   ([`Core::app_sleeps`]).
 //!   If such a pass has nothing but ACKs to send, they wait for the caller's next call on the
 //!   device that sends or polls, and leave after the packets that call makes
 //!   ([`Io::release_acks`]; a receive posted meanwhile sends nothing): the
 //!   application sees what arrived one `sendto` earlier and its answer is not queued behind
-//!   an ACK.
+//!   an ACK. A poll that finds completions sends them at once ([`Core::app_found`]): the
+//!   application may stop calling now.
 //! - **The progress thread** does everything else: it waits in `epoll_wait` (through mio) for
 //!   a datagram, the doorbell, writability or the next deadline, so an idle device costs no
 //!   CPU; in busy-poll mode ([`Core::busy_poll`]) it spins instead while no application
@@ -192,7 +194,8 @@ pub struct DriverStats {
     /// Receive buffers that held more than one datagram (UDP GRO).
     pub gro_receives: u64,
     /// Verbs calls (`post_send`, `modify`, …) that sent the packets they made ready from the
-    /// caller's thread, without waking the progress thread.
+    /// caller's thread, without waking the progress thread, and CQ polls that found
+    /// completions and sent the ACKs the caller's earlier polls held back.
     pub inline_sends: u64,
     /// Times a verbs call rang the progress thread's doorbell (packets left over, a timer
     /// earlier than the thread's sleep, the socket side busy while the thread was parked, or
@@ -285,6 +288,9 @@ pub(crate) struct Core {
     posting: AtomicBool,
     /// The socket is out of the progress thread's poller (an application thread polls).
     socket_out: AtomicBool,
+    /// ACKs an application thread's pass held back wait in [`Io`] (set and cleared with the
+    /// socket side held; read without it as a hint, by the thread that polled).
+    acks_held: AtomicBool,
 }
 
 impl Core {
@@ -382,6 +388,7 @@ impl Core {
                 let DeviceState { hca, mem, .. } = &mut *st;
                 let more = io.pull(hca, mem, now) == Pull::Full;
                 io.release_acks();
+                self.acks_held.store(false, Ordering::Release);
                 st.deliver();
                 let deadline = st.hca.poll_timeout();
                 drop(st);
@@ -448,12 +455,25 @@ impl Core {
 
     /// An application thread's poll found completions: it may stop polling now (and, say,
     /// spin on its memory), so the socket goes back into the progress thread's poller, where
-    /// an arriving datagram wakes the thread (see [`APP_GRACE`]). Nothing to do (one atomic
-    /// load) unless an earlier poll took it out.
+    /// an arriving datagram wakes the thread (see [`APP_GRACE`]), and the ACKs its passes
+    /// held back go out now: the progress thread, which sends them otherwise, may look only
+    /// after [`HANDOFF_CHECK_MAX`]. Nothing to do (two atomic loads) unless an earlier poll
+    /// took the socket out or held an ACK.
     pub(crate) fn app_found(&self) {
         if self.socket_out.load(Ordering::Acquire) {
             if let Some(io) = self.io().as_mut() {
                 self.socket_in(io, true);
+            }
+        }
+        if self.acks_held.load(Ordering::Acquire) {
+            // Waiting for the socket side: a pass that holds it sends them first, so they
+            // have left when this returns.
+            if let Some(io) = self.io().as_mut() {
+                io.release_acks();
+                if io.transmit(self, clock(self.epoch)) {
+                    bump(&self.stats.inline_sends, 1);
+                }
+                self.acks_held.store(false, Ordering::Release);
             }
         }
     }
@@ -470,12 +490,6 @@ impl Core {
     pub(crate) fn app_sleeps(&self) {
         self.app_poll.store(0, Ordering::Release);
         self.app_found();
-        if let Some(mut guard) = self.try_io() {
-            if let Some(io) = guard.as_mut().filter(|io| !io.held_acks.is_empty()) {
-                io.release_acks();
-                io.transmit(self, clock(self.epoch));
-            }
-        }
         if self.deferring.swap(false, Ordering::AcqRel) {
             bump(&self.stats.doorbells, 1);
             self.ring();
@@ -669,6 +683,7 @@ impl Runtime {
             deferring: AtomicBool::new(false),
             posting: AtomicBool::new(false),
             socket_out: AtomicBool::new(false),
+            acks_held: AtomicBool::new(false),
         });
         // Without a timerfd (never on a Linux this runs on) the poll timeout alone bounds
         // the waits, in whole milliseconds.
@@ -1073,6 +1088,8 @@ impl Io {
             std::mem::swap(&mut self.staged, &mut self.held_acks);
         }
         let sent = !self.staged.is_empty() || !self.held_acks.is_empty();
+        core.acks_held
+            .store(!self.held_acks.is_empty(), Ordering::Release);
         self.send(core, now, release);
         Pass {
             more: rx_more || pulled == Pull::Full || !self.self_rx.is_empty(),

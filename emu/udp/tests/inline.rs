@@ -304,8 +304,9 @@ fn posting_receives_sends_nothing_and_rings_nothing() {
             .unwrap();
         let wc = spin_wc(&b);
         assert_eq!((wc.opcode, wc.wr_id), (WcOpcode::Recv, u64::from(n)));
-        // The repost after each receive, as a receiver keeps its queue full: the ACK the
-        // polling pass held back stays held (it used to leave with the repost).
+        // The repost after each receive, as a receiver keeps its queue full, sends nothing
+        // (the ACK the polling pass held back left when the poll found the receive; it used
+        // to leave with the repost).
         let held = settled(&b);
         b.qp.post_recv(&[RecvWr::new(64 + u64::from(n), &[dst.sge(0, 64).unwrap()])])
             .unwrap();
@@ -359,10 +360,41 @@ fn a_thread_waiting_on_a_channel_moves_its_own_traffic() {
         assert_eq!(b.cq.poll(&mut wc).unwrap(), 1, "SEND {i}");
         assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, i));
     }
-    // Every wait ran passes in the waiting thread (without the spin: none, the progress
-    // thread moved every SEND and woke the waiter).
+    // The waits ran passes in the waiting thread: without the spin none, the progress
+    // thread moved every SEND and woke the waiter. (A SEND that arrives while the socket is
+    // back in the thread's poller, after a poll found the completion before it, is still
+    // the thread's to move if the application thread does not poll within `APP_GRACE`:
+    // on a loaded machine a third to half of them here.)
     let after = b.ctx.driver_stats();
     let passes = after.app_passes - before.app_passes;
-    assert!(passes >= N, "{passes} passes in {N} waits: {after:?}");
+    assert!(passes >= N / 10, "{passes} passes in {N} waits: {after:?}");
+    p.shutdown();
+}
+
+/// An ACK an application thread's pass held back (so that its answer could leave first)
+/// goes out when that thread's poll finds a completion, from that thread (an inline send):
+/// the application may stop calling the library now (spin on its memory), and the progress
+/// thread, which sends held ACKs otherwise, looks at a polling application only every few
+/// milliseconds. b only polls and posts receives, so without this it sends nothing inline.
+#[test]
+fn a_held_ack_leaves_when_a_poll_finds_a_completion() {
+    let p = provider(&["127.0.0.119:0", "127.0.0.120:0"]);
+    let (a, b) = pair(&p, &RcConnectOptions::default());
+    let dst = b.mr(64);
+    let start = b.ctx.driver_stats().inline_sends;
+    // Until 10 ACKs left that way (one per SEND on an idle machine; a SEND that b's progress
+    // thread takes in, because b did not poll within `APP_GRACE` of its arrival, is ACKed by
+    // the thread).
+    let mut i = 0u64;
+    while b.ctx.driver_stats().inline_sends - start < 10 {
+        assert!(i < 400, "{:?}", b.ctx.driver_stats());
+        b.qp.post_recv(&[RecvWr::new(i, &[dst.sge(0, 64).unwrap()])])
+            .unwrap();
+        a.qp.post_send(&[SendWr::inline(i, SendOp::Send, &[1; 8])])
+            .unwrap();
+        let wc = spin_wc(&b);
+        assert_eq!((wc.opcode, wc.wr_id), (WcOpcode::Recv, i));
+        i += 1;
+    }
     p.shutdown();
 }

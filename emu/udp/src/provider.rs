@@ -88,6 +88,17 @@ thread_local! {
     static SLEPT_LONG: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Counts one more empty poll of the calling thread and, from its third in a row, yields the
+/// CPU: a busy-polling application on a loaded machine lets the peer (often another process
+/// on the same host) and this device's thread run.
+fn empty_poll() {
+    let empty = EMPTY_POLLS.get().saturating_add(1);
+    EMPTY_POLLS.set(empty);
+    if empty > YIELD_AFTER {
+        std::thread::yield_now();
+    }
+}
+
 /// The address a device binds to when none is given: loopback, the RoCEv2 port.
 pub const DEFAULT_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 4791);
 
@@ -707,14 +718,7 @@ impl Port for UdpDevice {
                 self.core().app_poll();
                 let r = self.core().query(take)?;
                 if r.is_none() {
-                    let empty = EMPTY_POLLS.get().saturating_add(1);
-                    EMPTY_POLLS.set(empty);
-                    if empty > YIELD_AFTER {
-                        // A busy-polling application on a loaded machine: let the peer
-                        // (often another process on the same host) and this device's thread
-                        // run.
-                        std::thread::yield_now();
-                    }
+                    empty_poll();
                 } else {
                     EMPTY_POLLS.set(0);
                     self.core().app_found();
@@ -743,7 +747,7 @@ impl Port for UdpDevice {
         };
         let spin = timeout.map_or(most, |t| t.min(most));
         let start = WallClock::now();
-        let mut empty = 0u32;
+        EMPTY_POLLS.set(0);
         while start.elapsed() < spin {
             self.core().app_poll();
             if let Some(cq) = channel.try_get() {
@@ -753,10 +757,7 @@ impl Port for UdpDevice {
                 self.core().app_found();
                 return Ok(Some(cq));
             }
-            empty += 1;
-            if empty > YIELD_AFTER {
-                std::thread::yield_now();
-            }
+            empty_poll();
         }
         EMPTY_POLLS.set(0);
         self.core().app_sleeps();

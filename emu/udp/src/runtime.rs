@@ -460,21 +460,26 @@ impl Core {
     /// after [`HANDOFF_CHECK_MAX`]. Nothing to do (two atomic loads) unless an earlier poll
     /// took the socket out or held an ACK.
     pub(crate) fn app_found(&self) {
-        if self.socket_out.load(Ordering::Acquire) {
-            if let Some(io) = self.io().as_mut() {
-                self.socket_in(io, true);
-            }
+        let socket_out = self.socket_out.load(Ordering::Acquire);
+        let acks_held = self.acks_held.load(Ordering::Acquire);
+        if !socket_out && !acks_held {
+            return;
         }
-        if self.acks_held.load(Ordering::Acquire) {
-            // Waiting for the socket side: a pass that holds it sends them first, so they
-            // have left when this returns.
-            if let Some(io) = self.io().as_mut() {
-                io.release_acks();
-                if io.transmit(self, clock(self.epoch)) {
-                    bump(&self.stats.inline_sends, 1);
-                }
-                self.acks_held.store(false, Ordering::Release);
+        // Waiting for the socket side: a pass that holds it sends held ACKs first, so they
+        // have left when this returns.
+        let mut guard = self.io();
+        let Some(io) = guard.as_mut() else {
+            return;
+        };
+        if socket_out {
+            self.socket_in(io, true);
+        }
+        if acks_held {
+            io.release_acks();
+            if io.transmit(self, clock(self.epoch)) {
+                bump(&self.stats.inline_sends, 1);
             }
+            self.acks_held.store(false, Ordering::Release);
         }
     }
 

@@ -11,7 +11,7 @@
 //! Linux, and nothing for other systems.
 
 use std::io::{self, IoSlice};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -387,7 +387,9 @@ impl RecvArea {
                 .get(i)
                 .and_then(|c| gro_segment_size(&c.0[..ctrl_len]))
                 .unwrap_or(len);
-            let src = names.get(i).and_then(socket_addr);
+            let src = names
+                .get(i)
+                .and_then(|n| socket_addr(n, h.msg_hdr.msg_namelen));
             rearm(h);
             each(i, len, stride, src);
         }
@@ -429,28 +431,13 @@ fn gro_segment_size(ctrl: &[u8]) -> Option<usize> {
     None
 }
 
-/// The address `recvmsg` wrote into `name`, if it is IPv4 or IPv6.
-fn socket_addr(name: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    let at = std::ptr::from_ref(name);
-    match libc::c_int::from(name.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a `sockaddr_in`, which it is large
-            // and aligned enough for; it is plain integers.
-            #[allow(unsafe_code)]
-            let a = unsafe { &*at.cast::<libc::sockaddr_in>() };
-            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            Some(SocketAddrV4::new(ip, u16::from_be(a.sin_port)).into())
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, for `sockaddr_in6`.
-            #[allow(unsafe_code)]
-            let a = unsafe { &*at.cast::<libc::sockaddr_in6>() };
-            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
-            let port = u16::from_be(a.sin6_port);
-            Some(SocketAddrV6::new(ip, port, a.sin6_flowinfo, a.sin6_scope_id).into())
-        }
-        _ => None,
-    }
+/// The address `recvmsg` wrote into `name` (`len` bytes of it), if it is IPv4 or IPv6.
+fn socket_addr(name: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    // SAFETY: `recvmsg` wrote an address of `len` bytes into `name`, and `len` is at most the
+    // storage's size (the header offered no more room).
+    #[allow(unsafe_code)]
+    let addr = unsafe { socket2::SockAddr::new(*name, len) };
+    addr.as_socket()
 }
 
 #[cfg(test)]

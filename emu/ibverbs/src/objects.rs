@@ -634,7 +634,8 @@ fn cq_advance(cq: *mut ibv_cq_ex, first: bool) -> c_int {
         cur.buf.truncate(n);
         cur.pos = 0;
         if n == 0 {
-            std::thread::yield_now();
+            // The device yielded the CPU if this thread keeps polling in vain (as for
+            // `ibv_poll_cq`).
             return libc::ENOENT;
         }
     }

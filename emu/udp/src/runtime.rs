@@ -310,6 +310,12 @@ impl Core {
         self.io.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Holds the socket side until the returned guard drops, as a pass does.
+    #[cfg(test)]
+    pub(crate) fn hold_socket_side(&self) -> impl Sized + '_ {
+        self.io()
+    }
+
     /// The socket side if no other thread holds it.
     fn try_io(&self) -> Option<MutexGuard<'_, Option<Io>>> {
         match self.io.try_lock() {
@@ -723,6 +729,15 @@ impl Runtime {
     }
 }
 
+#[cfg(test)]
+impl Runtime {
+    /// CPU time the progress thread has used so far (`None` once it stopped).
+    pub(crate) fn thread_cpu(&self) -> Option<Duration> {
+        let guard = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_ref().and_then(crate::socket::thread_cpu_time)
+    }
+}
+
 impl Drop for Runtime {
     fn drop(&mut self) {
         self.shutdown();
@@ -987,8 +1002,13 @@ impl Progress {
                     }
                 }
             }
-            // Let the application thread (on a loaded machine, maybe on this CPU) run.
-            std::thread::yield_now();
+            // An application thread polled within the grace (its next pass reads the socket)
+            // or holds the socket side (its pass runs now): look again after a grace, asleep.
+            // Spinning here, even with `sched_yield`, kept a CPU busy while the application
+            // thread and the peer shared the other one: the scheduler moves no thread to a
+            // CPU that looks busy (64 KiB `write_bw`: this thread at 100 % of one CPU, the
+            // polling application and the peer's thread halves of the other, half the rate).
+            std::thread::sleep(APP_GRACE);
         }
     }
 

@@ -180,6 +180,33 @@ fn set_int(
     }
 }
 
+/// CPU time `thread` has used so far (its `pthread_getcpuclockid(3)` clock); `None` if the
+/// clock cannot be read. For tests that bound how much CPU the progress thread burns.
+#[cfg(test)]
+#[allow(unsafe_code)]
+pub(crate) fn thread_cpu_time(thread: &std::thread::JoinHandle<()>) -> Option<std::time::Duration> {
+    use std::os::unix::thread::JoinHandleExt;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `thread` is a handle not yet joined, so its `pthread_t` names a thread that has
+    // not been reaped; `clock` is a live out parameter.
+    let rc = unsafe { libc::pthread_getcpuclockid(thread.as_pthread_t(), &raw mut clock) };
+    if rc != 0 {
+        return None;
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a clock id the kernel just gave and a live out parameter.
+    let rc = unsafe { libc::clock_gettime(clock, &raw mut ts) };
+    (rc == 0).then(|| {
+        std::time::Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        )
+    })
+}
+
 /// The control message of a GSO send: one `UDP_SEGMENT` header and its `u16`, laid out as
 /// `CMSG_FIRSTHDR`/`CMSG_DATA` find them (the data right after the header, which is already
 /// aligned to `size_t`), its size (with `repr(C)`'s trailing padding) `CMSG_SPACE(2)`; the

@@ -988,26 +988,32 @@ impl Progress {
                 // already read it.
                 return Some(());
             }
-            if clock(core.epoch).as_nanos().saturating_sub(last) >= grace {
-                // Without waiting for the socket side: an application thread that holds it
-                // runs a pass, and the next round sees its poll or gets the side.
-                if let Some(mut guard) = core.try_io() {
-                    let io = guard.as_mut()?;
-                    bump(&core.stats.covered, 1);
-                    loop {
-                        let release = core.release_held.swap(false, Ordering::AcqRel);
-                        if !io.pass(core, core.now(), release, true, false).more {
-                            return Some(());
-                        }
+            if clock(core.epoch).as_nanos().saturating_sub(last) < grace {
+                // An application thread polled within the grace: its next pass reads the
+                // socket. At most a grace of this, so a datagram for an application that went
+                // on to spin on its memory waits no longer (a sleep would take 50 µs or more,
+                // the kernel's timer slack).
+                std::thread::yield_now();
+                continue;
+            }
+            // Without waiting for the socket side: an application thread that holds it runs a
+            // pass, and the next round sees its poll or gets the side.
+            if let Some(mut guard) = core.try_io() {
+                let io = guard.as_mut()?;
+                bump(&core.stats.covered, 1);
+                loop {
+                    let release = core.release_held.swap(false, Ordering::AcqRel);
+                    if !io.pass(core, core.now(), release, true, false).more {
+                        return Some(());
                     }
                 }
             }
-            // An application thread polled within the grace (its next pass reads the socket)
-            // or holds the socket side (its pass runs now): look again after a grace, asleep.
-            // Spinning here, even with `sched_yield`, kept a CPU busy while the application
-            // thread and the peer shared the other one: the scheduler moves no thread to a
-            // CPU that looks busy (64 KiB `write_bw`: this thread at 100 % of one CPU, the
-            // polling application and the peer's thread halves of the other, half the rate).
+            // An application thread holds the socket side (its pass runs now, or its thread
+            // was preempted in one): look again after a grace, asleep. Spinning here, even with
+            // `sched_yield`, kept a CPU busy for as long as that pass took while the application
+            // thread and the peer shared the other one: the scheduler moves no thread to a CPU
+            // that looks busy (64 KiB `write_bw`: this thread at 100 % of one CPU, the polling
+            // application and the peer's thread halves of the other, half the rate).
             std::thread::sleep(APP_GRACE);
         }
     }

@@ -121,6 +121,10 @@ pub const POLL_HANDOFF: Duration = Duration::from_millis(1);
 /// long (it went on to spin on its memory, as `ib_write_lat` does), the thread moves the
 /// datagram itself, at once or as soon as the time has passed.
 pub const APP_GRACE: Duration = Duration::from_micros(10);
+/// The longest the progress thread sleeps between two looks while it covers a datagram for
+/// an application thread that holds the socket side (see [`APP_GRACE`]): a datagram such a
+/// thread leaves unread when it stops calling waits at most about this much longer.
+const COVER_NAP_MAX: Duration = Duration::from_micros(160);
 /// While application threads drive the device, the progress thread wakes after
 /// [`POLL_HANDOFF`] to see whether they stopped, and after twice as long each time it finds
 /// them still polling, up to this. Each such wake-up lands on a CPU that a spinning
@@ -981,6 +985,8 @@ impl Progress {
         let core = &self.core;
         let arrived = clock(core.epoch).as_nanos();
         let grace = u64::try_from(APP_GRACE.as_nanos()).unwrap_or(u64::MAX);
+        // How long the next look waits while an application thread holds the socket side.
+        let mut nap = APP_GRACE;
         loop {
             let last = core.app_poll.load(Ordering::Acquire);
             if last >= arrived || !self.datagram_waits() {
@@ -1009,12 +1015,14 @@ impl Progress {
                 }
             }
             // An application thread holds the socket side (its pass runs now, or its thread
-            // was preempted in one): look again after a grace, asleep. Spinning here, even with
-            // `sched_yield`, kept a CPU busy for as long as that pass took while the application
-            // thread and the peer shared the other one: the scheduler moves no thread to a CPU
-            // that looks busy (64 KiB `write_bw`: this thread at 100 % of one CPU, the polling
-            // application and the peer's thread halves of the other, half the rate).
-            std::thread::sleep(APP_GRACE);
+            // was preempted in one): look again asleep, a grace later and twice as late each
+            // time up to COVER_NAP_MAX. Spinning here, even with `sched_yield`, kept a CPU busy
+            // for as long as that pass took while the application thread and the peer shared
+            // the other one: the scheduler moves no thread to a CPU that looks busy (64 KiB
+            // `write_bw`: this thread at 100 % of one CPU, the polling application and the
+            // peer's thread halves of the other, half the rate).
+            std::thread::sleep(nap);
+            nap = nap.saturating_mul(2).min(COVER_NAP_MAX);
         }
     }
 

@@ -978,9 +978,9 @@ impl Progress {
 
     /// A datagram arrived while application threads drive the device: it is theirs if one
     /// polls before [`APP_GRACE`] has passed since the last poll (its pass reads the socket);
-    /// otherwise this thread runs passes until the socket is drained. An application that
-    /// stopped polling long ago (it spins on its memory) gets its datagram at once. `None` if
-    /// the socket side is gone.
+    /// otherwise this thread runs passes until the socket is drained, waiting asleep while an
+    /// application thread holds the socket side. An application that stopped polling long ago
+    /// (it spins on its memory) gets its datagram at once. `None` if the socket side is gone.
     fn cover(&self) -> Option<()> {
         let core = &self.core;
         let arrived = clock(core.epoch).as_nanos();

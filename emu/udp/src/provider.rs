@@ -714,7 +714,7 @@ impl Port for UdpDevice {
             Waiting::Cq => {
                 if let Some(r) = self.core().query(&mut take)? {
                     EMPTY_POLLS.set(0);
-                    self.core().app_found();
+                    self.core().app_found(false);
                     return Ok(Some(r));
                 }
                 self.core().app_poll();
@@ -723,7 +723,7 @@ impl Port for UdpDevice {
                     empty_poll();
                 } else {
                     EMPTY_POLLS.set(0);
-                    self.core().app_found();
+                    self.core().app_found(true);
                 }
                 Ok(r)
             }
@@ -756,7 +756,7 @@ impl Port for UdpDevice {
                 // The caller may stop calling now: arrivals go back to the progress thread.
                 EMPTY_POLLS.set(0);
                 SLEPT_LONG.set(false);
-                self.core().app_found();
+                self.core().app_found(true);
                 return Ok(Some(cq));
             }
             empty_poll();

@@ -12,8 +12,9 @@
 #                                                 than that figure's noise margin
 #   SUMMARY_ONLY=1 scripts/perf-table.sh [RUNS]   re-print the table from the last runs' JSON
 #
-# Needs a release build (cargo build --release) and python3. Raw JSON goes to
-# target/perf-table/ (target/perf-check/ for --check).
+# Needs a release build (cargo build --release) and python3. SOFTVERBS_BIN=PATH measures another
+# binary (the profile-guided one of scripts/pgo-build.sh). Raw JSON goes to target/perf-table/
+# (target/perf-check/ for --check).
 #
 # Figures: 64 KiB WRITE bandwidth (GSO→GRO baseline) and its bytes per CPU-second of both
 # processes; 8 B WRITE latency p50/p99/p99.9 with the devices blocking in epoll and busy-polling
@@ -29,7 +30,7 @@
 set -euo pipefail
 export LC_ALL=C
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=$ROOT/target/release/softverbs
+BIN=${SOFTVERBS_BIN:-$ROOT/target/release/softverbs}
 MODE=table
 RUNS=
 RECORD=

@@ -43,9 +43,12 @@ if ! command -v "$PROFDATA" >/dev/null 2>&1; then
   echo "llvm-profdata reads (Debian: apt-get install llvm-$llvm_major)" >&2
   exit 2
 fi
-have=$("$PROFDATA" --version | sed -n 's/.*LLVM version \([0-9]*\).*/\1/p' | head -1)
+# (Older llvm-profdata know `--version` only after a subcommand.)
+have=$({ "$PROFDATA" --version 2>/dev/null || "$PROFDATA" merge --version 2>/dev/null || true; } |
+  sed -n 's/.*LLVM version \([0-9]*\).*/\1/p' | head -1)
 if [ "$have" != "$llvm_major" ]; then
-  echo "$PROFDATA is LLVM $have, rustc's LLVM is $llvm_major: the profiles would not match" >&2
+  echo "$PROFDATA is LLVM ${have:-?}, rustc's LLVM is $llvm_major: the profiles would not" >&2
+  echo "match (Debian: apt-get install llvm-$llvm_major)" >&2
   exit 2
 fi
 

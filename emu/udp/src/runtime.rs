@@ -476,7 +476,7 @@ impl Core {
     /// before its ACK stays one in which each side's application moves both packets itself.
     /// Sent at once, the ACK completed the peer's send before the answer arrived; the peer
     /// then spun on its memory, and every answer after that waited for its progress thread
-    /// (perftest's `ib_write_lat` on the drop-in: 24–37 µs against 10–11, 4 rounds each). If
+    /// (perftest's `ib_write_lat` on the drop-in: 22.8–39 µs against 8.2–11.5, 5 rounds). If
     /// the application never calls again, the progress thread sends them when it next looks
     /// (within [`HANDOFF_CHECK_MAX`]) or when a datagram arrives. Nothing to do (two atomic
     /// loads) unless an earlier poll took the socket out or held an ACK.

@@ -4,9 +4,10 @@
 //!
 //! Every verbs call locks the fabric briefly, applies the command to the device's HCA and then
 //! runs the fabric (see `fabric`) and delivers what the HCAs produced (completion-channel
-//! notifications, async events). Calls that find nothing while the application waits (an empty
-//! CQ poll, an empty completion channel or async event queue) also let virtual time reach the
-//! next timer deadline.
+//! notifications, async events); a `post_send` that follows a post on its device leaves that
+//! to the next call (a burst, see the crate doc). Calls that find nothing while the
+//! application waits (an empty CQ poll, an empty completion channel or async event queue) also
+//! let virtual time reach the next timer deadline.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
@@ -64,6 +65,10 @@ struct FabricState {
     seed: u64,
     /// The last pump ran out of budget: work is left even if no event is pending.
     unsettled: bool,
+    /// Per device: the last call on it was a `post_send` (see `Port::post_send`).
+    posting: Vec<bool>,
+    /// A post of a burst left its packets for the next call that runs the fabric.
+    deferred: bool,
 }
 
 impl FabricState {
@@ -75,12 +80,21 @@ impl FabricState {
             device.deliver();
         }
         self.unsettled = pumped.exhausted;
+        self.deferred = false;
         pumped
+    }
+
+    /// Notes the kind of the call on device `index` that runs now; true if it is a post that
+    /// directly follows a post on that device (a burst).
+    fn note_call(&mut self, index: usize, post: bool) -> bool {
+        self.posting
+            .get_mut(index)
+            .is_some_and(|p| std::mem::replace(p, post) && post)
     }
 
     /// Time from now until the next pending event; `None` if nothing is pending.
     fn next_event_in(&mut self) -> Option<Duration> {
-        if self.unsettled {
+        if self.unsettled || self.deferred {
             return Some(Duration::ZERO);
         }
         let FabricState { devices, wire, .. } = self;
@@ -243,6 +257,8 @@ impl SimBuilder {
                 wire,
                 seed,
                 unsettled: false,
+                posting: vec![false; self.devices],
+                deferred: false,
             })),
         })
     }
@@ -311,8 +327,9 @@ impl SimProvider {
         devices.swap_remove(index).open()
     }
 
+    /// The fabric, a burst's deferred packets moved first (see [`settled`]).
     fn lock(&self) -> MutexGuard<'_, FabricState> {
-        lock(&self.fabric)
+        settled(&self.fabric)
     }
 
     /// The seed this provider runs with (see [`SimBuilder`]); print it with a failing test and
@@ -519,6 +536,18 @@ fn lock(fabric: &Mutex<FabricState>) -> MutexGuard<'_, FabricState> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The fabric, with the packets a burst's posts left in it moved first: whatever observes the
+/// fabric or a device without a verbs call that runs it (counters, pending datagrams, time,
+/// the trace, fault control) sees every post made so far on the wire, as if each post had run
+/// the fabric itself.
+fn settled(fabric: &Mutex<FabricState>) -> MutexGuard<'_, FabricState> {
+    let mut state = lock(fabric);
+    if state.deferred {
+        state.pump(Goal::Settle);
+    }
+    state
+}
+
 /// One emulated device on the in-memory fabric: the [`Port`] of the in-process backend. Its
 /// methods are reachable from a [`SimContext`] too.
 #[derive(Clone, Debug)]
@@ -587,6 +616,10 @@ impl SimDevice {
             state.pump(Goal::Settle);
             return take(state.device_mut(self.index)?);
         }
+        if state.deferred {
+            // A burst's packets first: what they complete needs no timer to fire.
+            state.pump(Goal::Settle);
+        }
         if let Some(r) = take(state.device_mut(self.index)?)? {
             return Ok(Some(r));
         }
@@ -605,10 +638,31 @@ impl Port for SimDevice {
     /// every device.
     fn command<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R) -> Result<R> {
         let mut state = self.lock();
+        state.note_call(self.index, false);
         state.wire.tick();
         let now = state.wire.now;
         let r = f(state.device_mut(self.index)?, now);
         state.pump(Goal::Settle);
+        Ok(r)
+    }
+
+    /// As [`command`](Self::command), except that a post that directly follows another post
+    /// on the device (a burst: no poll, read or other call on it between them) leaves its
+    /// packets to the next call that runs the fabric, as a doorbell batch does on a NIC:
+    /// the burst crosses the fabric together and the responder ACKs it as one.
+    fn post_send<R>(&self, f: impl FnOnce(&mut DeviceState, Instant) -> R) -> Result<R> {
+        let mut state = self.lock();
+        let burst = state.note_call(self.index, true);
+        state.wire.tick();
+        let now = state.wire.now;
+        let device = state.device_mut(self.index)?;
+        let r = f(device, now);
+        if burst {
+            device.deliver();
+            state.deferred = true;
+        } else {
+            state.pump(Goal::Settle);
+        }
         Ok(r)
     }
 
@@ -618,7 +672,7 @@ impl Port for SimDevice {
     }
 
     fn peek<R>(&self, f: impl FnOnce(&mut DeviceState) -> R) -> Result<R> {
-        Ok(f(self.lock().device_mut(self.index)?))
+        Ok(f(settled(&self.fabric).device_mut(self.index)?))
     }
 
     fn wait_take<R>(
@@ -626,7 +680,19 @@ impl Port for SimDevice {
         _what: Waiting,
         take: impl FnMut(&mut DeviceState) -> Result<Option<R>>,
     ) -> Result<Option<R>> {
-        self.wait_take_in(&mut self.lock(), take)
+        let mut state = self.lock();
+        state.note_call(self.index, false);
+        self.wait_take_in(&mut state, take)
+    }
+
+    /// Runs the fabric if a burst's posts left packets in it, so that an application
+    /// spinning on an MR byte sees the traffic of the posts it made.
+    fn reading_memory(&self) {
+        let mut state = self.lock();
+        state.note_call(self.index, false);
+        if state.deferred {
+            state.pump(Goal::Settle);
+        }
     }
 
     /// Waits for the next event, running the fabric meanwhile: in virtual time it lets timer
@@ -645,13 +711,20 @@ impl Port for SimDevice {
             }
             let (fired, next) = {
                 let mut state = self.lock();
-                let goal = if state.wire.is_real_time() {
+                state.note_call(self.index, false);
+                // A burst's packets first: what they complete needs no timer to fire.
+                let settle = state.wire.is_real_time() || state.deferred;
+                let goal = if settle {
                     Goal::Settle
                 } else {
                     Goal::NextTimer
                 };
+                let deferred = state.deferred;
                 let pumped = state.pump(goal);
-                (pumped.fired || pumped.exhausted, state.next_event_in())
+                (
+                    pumped.fired || pumped.exhausted || deferred,
+                    state.next_event_in(),
+                )
             };
             if let Some(cq) = channel.try_get() {
                 return Ok(Some(cq));

@@ -110,11 +110,14 @@ impl Uc {
         }
     }
 
-    /// Sends message `seq` as SEND_WITH_IMM (immediate `seq`).
+    /// Sends message `seq` as SEND_WITH_IMM (immediate `seq`) from a slot of its own in the
+    /// upper half of the MR: a send buffer must not change until its WR completes (posts of a
+    /// burst leave together, at the next call that runs the fabric).
     fn send(&self, seq: u32) {
         let data = payload(seq);
-        self.mr.write(0, &data).unwrap();
-        let sge = [self.mr.sge(0, data.len()).unwrap()];
+        let at = (128 + seq as usize % 128) * SLOT;
+        self.mr.write(at, &data).unwrap();
+        let sge = [self.mr.sge(at, data.len()).unwrap()];
         let wr = SendWr::new(u64::from(seq), SendOp::SendWithImm { imm: seq }, &sge);
         self.qp.post_send(&[wr]).unwrap();
     }

@@ -14,8 +14,9 @@
 #   rping          rping -s -v -C 100 -a ADDR / rping -c -v -C 100 -a ADDR: the client prints
 #                  100 "ping data" lines
 #   ucmatose       ucmatose -b ADDR / ucmatose -s ADDR: both exit 0, "return status 0"
-#   ib_write_bw-R  ib_write_bw -R (server: SOFTVERBS_UDP_ADDRS=ADDR:4791) / ib_write_bw -R ADDR:
-#                  the client prints a result row
+#   ib_write_bw-R  ib_write_bw -R (server: SOFTVERBS_UDP_ADDRS=ADDR:4791) / ib_write_bw -R ADDR
+#                  (its CM MADs delayed 100 ms: perftest 4.5's connect race, below): the client
+#                  prints a result row
 #   ib_send_lat-R  ib_send_lat -R, as ib_write_bw -R
 #   rping-loss     rping -v -C 100 through `softverbs exec --faults`: each side drops 10 % of
 #                  the datagrams it sends, CM MADs included (the CM retries REQ/REP/DREQ after
@@ -91,10 +92,18 @@ next; run_case rping '[ "$(grep -c "ping data" "$OUT")" = 100 ]' "" \
 next; run_case ucmatose 'grep -q "return status 0" "$OUT"' "" \
   ucmatose -b "$ADDR" -p "$PORT" :: \
   ucmatose -s "$ADDR" -p "$PORT"
+# perftest 4.5's connect race (the README's rdma_cm section): its client sends the data
+# connection's REQ right after the handshake, and if the server does not listen for it yet, the
+# REJ sends perftest's retry into the ids it destroyed (EINVAL; the -refused case below makes
+# that certain). Our clients' CM MADs (to QP1) take a path 100 ms slower, as in
+# scripts/rxe-interop.sh: without it, one CI run's ib_write_bw-R client lost the race.
+printf 'seed = 1\n[[rule]]\naction = "delay"\nqpn = 1\nmin = "100ms"\nmax = "100ms"\n' \
+  >"$WORK/cm-delay.toml"
+CM_DELAY=(env "SOFTVERBS_FAULTS=$WORK/cm-delay.toml")
 next; run_case ib_write_bw-R "$ROW" "SOFTVERBS_UDP_ADDRS=$ADDR:4791" \
-  ib_write_bw -R -p "$PORT" :: ib_write_bw -R -p "$PORT" "$ADDR"
+  ib_write_bw -R -p "$PORT" :: "${CM_DELAY[@]}" ib_write_bw -R -p "$PORT" "$ADDR"
 next; run_case ib_send_lat-R "$ROW" "SOFTVERBS_UDP_ADDRS=$ADDR:4791" \
-  ib_send_lat -R -p "$PORT" :: ib_send_lat -R -p "$PORT" "$ADDR"
+  ib_send_lat -R -p "$PORT" :: "${CM_DELAY[@]}" ib_send_lat -R -p "$PORT" "$ADDR"
 
 # 10 % loss on every datagram each side sends (its own seed per side).
 loss() { printf 'seed = %s\n[[rule]]\naction = "drop"\nprobability = 0.1\n' "$2" >"$WORK/$1.toml"; }

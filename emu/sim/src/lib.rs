@@ -29,11 +29,11 @@
 //!   burst crosses together and the responder ACKs it as one (`softverbs perf write_bw
 //!   --backend inproc -s 8`: 7.4 k instructions per WRITE with its share of ACK and completion
 //!   when each post crossed alone, 4.6 k in bursts; callgrind). A send buffer therefore must
-//!   not change until its WR completes, as on hardware. Reading an MR (spinning on a byte), a device's counters and every
-//!   [`SimProvider`] method (fault control, pending datagrams, time, the trace) move a burst
-//!   first, so nothing observes a post that has not run. Another thread blocked in
-//!   `wait_cq_event` meanwhile sees the burst within its wait slice (1 ms of wall time) if the
-//!   posting thread makes no further call.
+//!   not change until its WR completes, as on hardware. Reading an MR (spinning on a byte), a
+//!   device's counters and every [`SimProvider`] method (fault control, pending datagrams,
+//!   time, the trace) move a burst first, so nothing observes a post that has not run.
+//!   Another thread blocked in `wait_cq_event` meanwhile sees the burst within its wait slice
+//!   (1 ms of wall time) if the posting thread makes no further call.
 //! * **Real time** ([`SimBuilder::real_time`]). `now` is the time since the provider was
 //!   created; calls deliver what is due and fire due timers, never jumping ahead. CQ polling
 //!   drives progress; `wait_cq_event` runs the fabric in short slices while it waits.

@@ -187,21 +187,19 @@ impl<D> Stage<D> {
     /// Removes and returns the earliest scheduled datagram due at `now`. Held datagrams wait
     /// for [`Stage::release_due`] or [`Stage::release_held`].
     pub fn pop_due(&mut self, now: Instant) -> Option<D> {
-        let heap_first = match (self.in_order.front(), self.scheduled.peek()) {
+        let (from_heap, at) = match (self.in_order.front(), self.scheduled.peek()) {
             (None, None) => return None,
-            (Some(_), None) => false,
-            (None, Some(_)) => true,
-            (Some(f), Some(Reverse(h))) => h < f,
+            (Some(f), None) => (false, f.at),
+            (None, Some(Reverse(h))) => (true, h.at),
+            (Some(f), Some(Reverse(h))) if h < f => (true, h.at),
+            (Some(f), Some(_)) => (false, f.at),
         };
-        if heap_first {
-            if self.scheduled.peek()?.0.at > now {
-                return None;
-            }
+        if at > now {
+            return None;
+        }
+        if from_heap {
             self.scheduled.pop().map(|Reverse(s)| s.datagram)
         } else {
-            if self.in_order.front()?.at > now {
-                return None;
-            }
             self.in_order.pop_front().map(|s| s.datagram)
         }
     }

@@ -84,6 +84,13 @@ impl FabricState {
         pumped
     }
 
+    /// Runs the fabric if a burst's posts left packets in it (see `Port::post_send`).
+    fn move_burst(&mut self) {
+        if self.deferred {
+            self.pump(Goal::Settle);
+        }
+    }
+
     /// Notes the kind of the call on device `index` that runs now; true if it is a post that
     /// directly follows a post on that device (a burst).
     fn note_call(&mut self, index: usize, post: bool) -> bool {
@@ -542,9 +549,7 @@ fn lock(fabric: &Mutex<FabricState>) -> MutexGuard<'_, FabricState> {
 /// the fabric itself.
 fn settled(fabric: &Mutex<FabricState>) -> MutexGuard<'_, FabricState> {
     let mut state = lock(fabric);
-    if state.deferred {
-        state.pump(Goal::Settle);
-    }
+    state.move_burst();
     state
 }
 
@@ -616,10 +621,8 @@ impl SimDevice {
             state.pump(Goal::Settle);
             return take(state.device_mut(self.index)?);
         }
-        if state.deferred {
-            // A burst's packets first: what they complete needs no timer to fire.
-            state.pump(Goal::Settle);
-        }
+        // A burst's packets first: what they complete needs no timer to fire.
+        state.move_burst();
         if let Some(r) = take(state.device_mut(self.index)?)? {
             return Ok(Some(r));
         }
@@ -688,11 +691,7 @@ impl Port for SimDevice {
     /// Runs the fabric if a burst's posts left packets in it, so that an application
     /// spinning on an MR byte sees the traffic of the posts it made.
     fn reading_memory(&self) {
-        let mut state = self.lock();
-        state.note_call(self.index, false);
-        if state.deferred {
-            state.pump(Goal::Settle);
-        }
+        settled(&self.fabric).note_call(self.index, false);
     }
 
     /// Waits for the next event, running the fabric meanwhile: in virtual time it lets timer
@@ -713,13 +712,12 @@ impl Port for SimDevice {
                 let mut state = self.lock();
                 state.note_call(self.index, false);
                 // A burst's packets first: what they complete needs no timer to fire.
-                let settle = state.wire.is_real_time() || state.deferred;
-                let goal = if settle {
+                let deferred = state.deferred;
+                let goal = if state.wire.is_real_time() || deferred {
                     Goal::Settle
                 } else {
                     Goal::NextTimer
                 };
-                let deferred = state.deferred;
                 let pumped = state.pump(goal);
                 (
                     pumped.fired || pumped.exhausted || deferred,

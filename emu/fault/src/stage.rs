@@ -186,7 +186,15 @@ impl<D> Stage<D> {
 
     /// Removes and returns the earliest scheduled datagram due at `now`. Held datagrams wait
     /// for [`Stage::release_due`] or [`Stage::release_held`].
+    #[inline]
     pub fn pop_due(&mut self, now: Instant) -> Option<D> {
+        if self.scheduled.is_empty() {
+            // A run without delays: the FIFO alone (called on every pump step).
+            return match self.in_order.front() {
+                Some(f) if f.at <= now => self.in_order.pop_front().map(|s| s.datagram),
+                _ => None,
+            };
+        }
         let (from_heap, at) = match (self.in_order.front(), self.scheduled.peek()) {
             (None, None) => return None,
             (Some(f), None) => (false, f.at),
@@ -206,7 +214,11 @@ impl<D> Stage<D> {
 
     /// The earliest instant something becomes due: a scheduled delivery or the end of a
     /// timed hold. The timer to arm.
+    #[inline]
     pub fn next_due(&self) -> Option<Instant> {
+        if self.scheduled.is_empty() && self.held.is_empty() {
+            return self.in_order.front().map(|s| s.at);
+        }
         let scheduled = self.scheduled.peek().map(|Reverse(s)| s.at);
         let in_order = self.in_order.front().map(|s| s.at);
         [scheduled, in_order, self.held.next_due()]

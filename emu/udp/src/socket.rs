@@ -260,13 +260,14 @@ pub(crate) fn send_gso(
 }
 
 /// Leaves `socket` registered in the epoll instance `poller` (under `token`, as mio stores it)
-/// with an empty interest: `EPOLLET` alone, so that no event of the socket queues it or wakes
-/// a waiter (the kernel's wake-up callback returns at once for an item with no event bits;
-/// mio's `Interest` cannot be empty, and `EPOLLPRI`, its only interest a UDP socket never
-/// reports, still matches the callback of every arriving datagram and wakes the waiter for
-/// nothing). Registering again with mio's `reregister` restores an interest. One
-/// `EPOLL_CTL_MOD`: 0.3 µs on the build machine, where `EPOLL_CTL_DEL` and a later
-/// `EPOLL_CTL_ADD` take 1.6–1.9 µs together.
+/// with an empty interest: `EPOLLET` alone, to which the kernel adds only the `EPOLLERR` and
+/// `EPOLLHUP` it always reports. An arriving datagram's wake-up (keyed `EPOLLIN | EPOLLPRI |
+/// EPOLLRDNORM | EPOLLRDBAND`) matches none of these, so it neither queues the socket nor
+/// wakes a waiter. mio's `Interest` cannot be empty, and `EPOLLPRI`, the one it can name that
+/// a UDP socket never reports, matches that key: every datagram woke the waiter for nothing.
+/// Registering again with mio's `reregister` restores an interest. One `EPOLL_CTL_MOD`: 0.3 µs
+/// on the build machine, where `EPOLL_CTL_DEL` and a later `EPOLL_CTL_ADD` take 1.6–1.9 µs
+/// together.
 #[allow(unsafe_code)]
 pub(crate) fn mute_in_poller(
     poller: &impl AsRawFd,

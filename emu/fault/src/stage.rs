@@ -188,13 +188,6 @@ impl<D> Stage<D> {
     /// for [`Stage::release_due`] or [`Stage::release_held`].
     #[inline]
     pub fn pop_due(&mut self, now: Instant) -> Option<D> {
-        if self.scheduled.is_empty() {
-            // A run without delays: the FIFO alone (called on every pump step).
-            return match self.in_order.front() {
-                Some(f) if f.at <= now => self.in_order.pop_front().map(|s| s.datagram),
-                _ => None,
-            };
-        }
         let (from_heap, at) = match (self.in_order.front(), self.scheduled.peek()) {
             (None, None) => return None,
             (Some(f), None) => (false, f.at),
